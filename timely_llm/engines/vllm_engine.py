@@ -1,0 +1,263 @@
+"""An embedded vLLM engine: one ``LLMEngine.step()`` per ``Engine.step()``.
+
+Suspending aborts the vLLM request; its KV blocks stay in vLLM's prefix cache
+(until evicted), so resuming with prompt + generated ids prefills only the tail.
+Scheduling is synchronous and there is no speculative decoding, so each step
+yields at most one token per running generation: when the server suspends right
+after a step that completed a segment, nothing past the boundary was generated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+
+from timely_llm.engines.base import (
+    Engine,
+    EngineRejected,
+    GenerationSpec,
+    ResumeInfo,
+    StepOutput,
+)
+from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
+from timely_llm.models import tiny_model_dir
+
+GIB = 1 << 30
+
+
+class HfTokenizer:
+    """The engine's Hugging Face tokenizer behind the small ``Tokenizer`` protocol."""
+
+    def __init__(self, hf: Any) -> None:
+        self._hf = hf
+        self.eos_token_id: int = hf.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Ids for a prompt, with the model's own special tokens (BOS)."""
+        return list(self._hf.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._hf.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class _Generation:
+    spec: GenerationSpec
+    output_ids: list[int] = field(default_factory=list)
+    request_id: str | None = None
+    """The live vLLM request, None while suspended."""
+    starts: int = 0
+    context_tokens: int = 0
+    awaiting_first_output: bool = False
+
+
+class VllmEngine(Engine):
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        max_model_len: int = 2048,
+        kv_cache_gib: float = 1.0,
+        kv_offloading_gib: float | None = None,
+        seed: int = 0,
+        max_num_seqs: int = 64,
+    ) -> None:
+        """Create the engine in this process.
+
+        ``model`` is a Hugging Face model directory; None uses the tiny random model.
+        """
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+        args = EngineArgs(
+            **_model_args(model),
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=int(kv_cache_gib * GIB),
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=True,
+            async_scheduling=False,
+            logits_processors=[ForcedTokensProcessor],
+            **_offloading_args(kv_offloading_gib),
+        )
+        self._engine = LLMEngine.from_engine_args(args)
+        self._max_model_len = max_model_len
+        self._vocab_size = self._engine.model_config.get_vocab_size()
+        self.block_size: int = self._engine.vllm_config.cache_config.block_size
+        self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
+        self._gens: dict[str, _Generation] = {}
+        self._by_request: dict[str, str] = {}
+
+    def start(self, spec: GenerationSpec) -> None:
+        gen = self._gens.get(spec.gen_id)
+        if gen is not None and gen.request_id is not None:
+            raise ValueError(f"generation {spec.gen_id} is already running")
+        context = spec.prompt_ids + spec.output_ids
+        max_tokens = self._check_startable(spec, context)
+        gen = _Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
+        gen.request_id = f"{spec.gen_id}#{gen.starts}"
+        try:
+            self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self))
+        except ValueError as exc:  # vLLM's own validation of the request
+            raise EngineRejected(f"{spec.gen_id}: {exc}") from exc
+        gen.starts += 1
+        gen.context_tokens = len(context)
+        gen.awaiting_first_output = True
+        self._gens[spec.gen_id] = gen
+        self._by_request[gen.request_id] = spec.gen_id
+
+    def suspend(self, gen_id: str) -> None:
+        self._stop_request(self._gens[gen_id])
+
+    def release(self, gen_id: str) -> None:
+        gen = self._gens.pop(gen_id, None)
+        if gen is not None:
+            self._stop_request(gen)
+
+    def step(self) -> StepOutput:
+        began = time.perf_counter()
+        try:
+            outputs = self._engine.step()
+        except Exception as exc:  # any engine fault fails the batch
+            return self._fail_running(began, f"vLLM step failed: {exc!r}")
+        result = StepOutput(duration=time.perf_counter() - began)
+        for out in outputs:
+            gen_id = self._by_request.get(out.request_id)
+            if gen_id is not None:
+                self._record(self._gens[gen_id], out, result)
+        return result
+
+    def free_kv_blocks(self) -> int:
+        return self._block_pool().get_num_free_blocks()
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def output_ids(self, gen_id: str) -> list[int]:
+        """Token ids ``gen_id`` has generated so far (all starts together)."""
+        return list(self._gens[gen_id].output_ids)
+
+    def close(self) -> None:
+        for gen_id in list(self._gens):
+            self.release(gen_id)
+        self._engine.engine_core.shutdown()
+
+    def _check_startable(self, spec: GenerationSpec, context: list[int]) -> int:
+        """Validate a (re)start; return the token budget left for it."""
+        if not spec.prompt_ids:
+            raise EngineRejected(f"{spec.gen_id}: empty prompt")
+        bad = [t for t in context if not 0 <= t < self._vocab_size]
+        if bad:
+            raise EngineRejected(
+                f"{spec.gen_id}: token ids {bad[:5]} outside the vocabulary "
+                f"(size {self._vocab_size})"
+            )
+        room = self._max_model_len - len(context)
+        if room <= 0:
+            raise EngineRejected(
+                f"{spec.gen_id}: context of {len(context)} tokens does not fit "
+                f"max_model_len={self._max_model_len}"
+            )
+        budget = spec.max_new_tokens - len(spec.output_ids)
+        if budget <= 0:
+            raise EngineRejected(
+                f"{spec.gen_id}: token budget {spec.max_new_tokens} spent"
+            )
+        return min(budget, room)
+
+    def _submit(
+        self,
+        request_id: str,
+        context: list[int],
+        max_tokens: int,
+        forced: list[int] | None,
+    ) -> None:
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            extra_args={FORCED_KEY: forced} if forced is not None else None,
+        )
+        self._engine.add_request(
+            request_id, TokensPrompt(prompt_token_ids=context), params
+        )
+
+    def _stop_request(self, gen: _Generation) -> None:
+        if gen.request_id is None:
+            return
+        self._engine.abort_request([gen.request_id])
+        del self._by_request[gen.request_id]
+        gen.request_id = None
+
+    def _record(self, gen: _Generation, out: Any, result: StepOutput) -> None:
+        gen_id = gen.spec.gen_id
+        completion = out.outputs[0]
+        if gen.awaiting_first_output:
+            gen.awaiting_first_output = False
+            result.started[gen_id] = self._resume_info(gen, out.num_cached_tokens or 0)
+        if completion.token_ids:
+            gen.output_ids.extend(completion.token_ids)
+            result.new_tokens[gen_id] = list(completion.token_ids)
+        if out.finished:
+            self._by_request.pop(gen.request_id, None)
+            gen.request_id = None
+            reason = completion.finish_reason
+            if reason in ("stop", "length"):
+                result.finished[gen_id] = "eos" if reason == "stop" else "length"
+            else:
+                result.failed[gen_id] = f"vLLM ended the request: {reason}"
+
+    def _resume_info(self, gen: _Generation, cached: int) -> ResumeInfo:
+        # vLLM always recomputes the last context token, so a full hit covers the
+        # full blocks of context_tokens - 1.
+        expected = (gen.context_tokens - 1) // self.block_size * self.block_size
+        evicted = bool(gen.spec.output_ids) and cached < expected
+        return ResumeInfo(gen.context_tokens, cached, evicted)
+
+    def _fail_running(self, began: float, cause: str) -> StepOutput:
+        result = StepOutput(duration=time.perf_counter() - began)
+        for gen in list(self._gens.values()):
+            if gen.request_id is None:
+                continue
+            try:
+                self._stop_request(gen)
+            finally:
+                result.failed[gen.spec.gen_id] = cause
+        return result
+
+    def _block_pool(self) -> Any:
+        core = self._engine.engine_core.engine_core
+        return core.scheduler.kv_cache_manager.block_pool
+
+
+def _model_args(model: str | Path | None) -> dict[str, Any]:
+    if model is not None:
+        return {"model": str(model)}
+    # vLLM's CPU platform would downcast the float32 checkpoint to bfloat16.
+    return {"model": str(tiny_model_dir()), "dtype": "float32"}
+
+
+def _offloading_args(gib: float | None) -> dict[str, Any]:
+    if gib is None:
+        return {}
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    if "kv_offloading_size" not in names:
+        raise ValueError(
+            "this vLLM version has no host-memory KV offloading (kv_offloading_size)"
+        )
+    return {"kv_offloading_size": gib}
+
+
+def _forced_tail(spec: GenerationSpec, engine: VllmEngine) -> list[int] | None:
+    """The plan's ids not generated yet, then EOS; None when not forcing."""
+    if spec.forced_ids is None:
+        return None
+    return [*spec.forced_ids[len(spec.output_ids) :], engine.tokenizer.eos_token_id]

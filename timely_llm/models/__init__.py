@@ -1,0 +1,156 @@
+"""A tiny Llama-shaped model directory that vLLM can load without downloading anything.
+
+The tokenizer is a byte-level BPE trained on the shipped corpus of robot plans and
+task prompts. The weights are seeded random values at initialisation scale, written
+as safetensors. vLLM's ``load_format="dummy"`` is not used because it fills every
+tensor, norms included, with values in +-1e-3. Attention then adds about 1e-5 of the
+residual stream, so the next token depends only on the last one, and a resume from
+a wrong KV cache would produce the same tokens as a correct one.
+The directory is built once into a cache keyed by its inputs and is deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+CORPUS = Path(__file__).with_name("tiny_corpus.txt")
+VOCAB_SIZE = 2000
+BOS, EOS = "<s>", "</s>"
+MAX_POSITIONS = 4096
+WEIGHT_SEED = 20240501
+
+_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": MAX_POSITIONS,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    # float32 keeps greedy argmax stable between prefill and decode kernels.
+    "torch_dtype": "float32",
+}
+
+
+def tiny_model_dir() -> Path:
+    """Return the tiny model directory, building it on first use."""
+    corpus = CORPUS.read_bytes()
+    inputs = json.dumps([_LLAMA_CONFIG, WEIGHT_SEED], sort_keys=True).encode()
+    key = hashlib.sha256(corpus + inputs)
+    target = _cache_root() / f"tiny-{key.hexdigest()[:12]}"
+    if not (target / "config.json").exists():
+        _build_atomically(target, corpus.decode())
+    return target
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "timely_llm"
+
+
+def _build_atomically(target: Path, corpus: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
+    try:
+        _write_model(tmp, corpus)
+        tmp.rename(target)
+    except OSError:
+        # Another process finished the same build first.
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_model(out: Path, corpus: str) -> None:
+    tok = train_tokenizer(corpus)
+    tok.save(str(out / "tokenizer.json"))
+    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    config = _LLAMA_CONFIG | {
+        "vocab_size": tok.get_vocab_size(),
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+    }
+    _write_json(out / "config.json", config)
+    save_file(random_weights(config), str(out / "model.safetensors"))
+    _write_json(
+        out / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos}
+    )
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "model_max_length": MAX_POSITIONS,
+        },
+    )
+
+
+def train_tokenizer(corpus: str) -> Tokenizer:
+    """Train the byte-level BPE on ``corpus``; prompts get a leading ``<s>``."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.splitlines(), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
+    return tok
+
+
+def random_weights(config: dict) -> dict[str, np.ndarray]:
+    """Seeded Llama weights: unit norms, matrices with std 1/sqrt(fan_in)."""
+    rng = np.random.default_rng(WEIGHT_SEED)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    q_dim = config["num_attention_heads"] * config["head_dim"]
+    kv_dim = config["num_key_value_heads"] * config["head_dim"]
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    ones = np.ones(hidden, dtype=np.float32)
+    weights = {
+        "model.embed_tokens.weight": matrix(config["vocab_size"], hidden),
+        "model.norm.weight": ones,
+        "lm_head.weight": matrix(config["vocab_size"], hidden),
+    }
+    for i in range(config["num_hidden_layers"]):
+        layer = f"model.layers.{i}"
+        weights |= {
+            f"{layer}.input_layernorm.weight": ones,
+            f"{layer}.post_attention_layernorm.weight": ones,
+            f"{layer}.self_attn.q_proj.weight": matrix(q_dim, hidden),
+            f"{layer}.self_attn.k_proj.weight": matrix(kv_dim, hidden),
+            f"{layer}.self_attn.v_proj.weight": matrix(kv_dim, hidden),
+            f"{layer}.self_attn.o_proj.weight": matrix(hidden, q_dim),
+            f"{layer}.mlp.gate_proj.weight": matrix(inter, hidden),
+            f"{layer}.mlp.up_proj.weight": matrix(inter, hidden),
+            f"{layer}.mlp.down_proj.weight": matrix(hidden, inter),
+        }
+    return weights
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
