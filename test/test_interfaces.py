@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 
 import pytest
 
 pytestmark = pytest.mark.ros
 
 rclpy = pytest.importorskip("rclpy")
+rclpy_context = pytest.importorskip("rclpy.context")
+rclpy_executors = pytest.importorskip("rclpy.executors")
 interfaces_msg = pytest.importorskip("timely_llm_interfaces.msg")
 interfaces_action = pytest.importorskip("timely_llm_interfaces.action")
-
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 
 RECEIVE_TIMEOUT_S = 15.0
 
 
 @pytest.fixture
-def ros_context(monkeypatch: pytest.MonkeyPatch):
+def ros_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[rclpy.context.Context]:
     # Discovery stays on this host and in a domain of its own, so concurrent runs don't meet.
     monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    context = Context()
+    context = rclpy_context.Context()
     rclpy.init(context=context, domain_id=100 + os.getpid() % 100)
     yield context
     rclpy.shutdown(context=context)
@@ -57,13 +57,13 @@ def test_server_status_holds_per_category_arrays() -> None:
     assert list(status.count) == [3, 4]
 
 
-def test_segment_done_round_trips_between_two_nodes(ros_context: Context) -> None:
+def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.Context) -> None:
     sender = rclpy.create_node("segment_done_sender", context=ros_context)
     receiver = rclpy.create_node("segment_done_receiver", context=ros_context)
     received: list = []
     receiver.create_subscription(interfaces_msg.SegmentDone, "segment_done", received.append, 10)
     publisher = sender.create_publisher(interfaces_msg.SegmentDone, "segment_done", 10)
-    executor = SingleThreadedExecutor(context=ros_context)
+    executor = rclpy_executors.SingleThreadedExecutor(context=ros_context)
     executor.add_node(sender)
     executor.add_node(receiver)
     sent = interfaces_msg.SegmentDone(

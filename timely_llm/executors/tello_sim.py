@@ -1,0 +1,293 @@
+"""A Tello SDK 2.0 drone simulated over UDP, for djitellopy and tests; no hardware needed.
+
+It answers commands on ``(host, port)`` the way a Tello does on 192.168.10.1:8889,
+taking simulated time per command, and streams the state string to the client's
+state port at about 10 Hz once the client has sent ``command``.
+
+Frame: x forward and y right of the takeoff heading, z up, all in cm; yaw in
+degrees, clockwise positive, in [-180, 180) like the drone reports it.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Self
+
+DurationFunction = Callable[[str, float | None], float]
+"""Seconds of simulated time a command takes, given its keyword and numeric argument."""
+
+DEFAULT_STATE_PORT = 8890
+STATE_PERIOD_S = 0.1
+TAKEOFF_HEIGHT_CM = 80
+MOVE_RANGE_CM = (20, 500)
+TURN_RANGE_DEG = (1, 360)
+SPEED_RANGE_CM_S = (10, 100)
+BATTERY_DRAIN_PER_S = 100 / (13 * 60)  # a full battery flies about 13 minutes
+
+# Tello answers these with "ok" and nothing changes in the simulation.
+_SETTINGS = frozenset({
+    "streamon", "streamoff", "keepalive", "motoron", "motoroff", "downvision",
+    "setfps", "setbitrate", "setresolution", "mon", "moff", "mdirection",
+})
+_MOVES = {"forward": 0.0, "back": 180.0, "right": 90.0, "left": -90.0}
+_VERTICAL = {"up": 1, "down": -1}
+_TURNS = {"cw": 1, "ccw": -1}
+
+
+def tello_command_duration(command: str, value: float | None) -> float:
+    """Linear fits to a real Tello's command times (TimelyLLM's profiling)."""
+    if command in _MOVES or command in _VERTICAL:
+        return 0.0072 * (value or 0.0) + 1.8144
+    if command in _TURNS:
+        return 0.0165 * (value or 0.0) + 0.784
+    if command in ("takeoff", "land"):
+        return 3.0
+    if command == "flip":
+        return 2.0
+    return 0.0
+
+
+@dataclass(frozen=True)
+class DroneState:
+    x: float = 0.0
+    y: float = 0.0
+    z: float = 0.0
+    yaw: float = 0.0
+    battery: float = 100.0
+    flying: bool = False
+    flight_time: float = 0.0
+    speed: float = 10.0
+
+
+class TelloSimulator:
+    """One simulated Tello; use as a context manager, or call start() and stop().
+
+    ``port=0`` picks a free port (see ``address``). ``time_scale`` multiplies
+    every command's duration, e.g. 0.01 to run 100 times faster than a drone.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, state_port: int = DEFAULT_STATE_PORT,
+                 duration: DurationFunction = tello_command_duration, time_scale: float = 1.0,
+                 initial_state: DroneState | None = None) -> None:
+        self.state_port = state_port
+        self.duration = duration
+        self.time_scale = time_scale
+        self.commands: list[str] = []
+        self._state = initial_state or DroneState()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._client_host: str | None = None
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind((host, port))
+        self._socket.settimeout(STATE_PERIOD_S)
+        self._handlers = self._build_handlers()
+        self._threads = [threading.Thread(target=self._serve_commands, daemon=True),
+                         threading.Thread(target=self._stream_state, daemon=True)]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where to send commands: (host, port)."""
+        return self._socket.getsockname()
+
+    @property
+    def state(self) -> DroneState:
+        with self._lock:
+            return self._state
+
+    def start(self) -> Self:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
+        self._socket.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+    def _serve_commands(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                data, client = self._socket.recvfrom(1024)
+            except TimeoutError:
+                continue
+            command = data.decode("utf-8", errors="replace").strip()
+            self.commands.append(command)
+            reply = self.handle(command, client[0])
+            if reply is not None and not self._stopping.is_set():
+                self._socket.sendto(reply.encode("utf-8"), client)
+
+    def handle(self, command: str, client_host: str) -> str | None:
+        """Carry out one command (taking its simulated time); return the reply, None for none.
+
+        The new state shows from the start of the command's time, not gradually.
+        """
+        if not command.split():
+            return "error unknown command"
+        keyword, *args = command.split()
+        if keyword == "command":
+            self._client_host = client_host
+            return "ok"
+        if self._client_host is None:
+            return None  # a Tello ignores everything until it is put in SDK mode
+        if keyword.endswith("?"):
+            return self._read(keyword)
+        if keyword == "emergency":
+            self._apply_emergency()
+            return None
+        if keyword == "rc":
+            return None  # joystick input; a Tello does not answer it
+        return self._control(keyword, args)
+
+    def _control(self, keyword: str, args: list[str]) -> str:
+        if keyword in _SETTINGS:
+            return "ok"
+        handler = self._handlers.get(keyword)
+        if handler is None:
+            return "error unknown command"
+        value = _single_number(args)
+        error = handler(value)
+        if error:
+            return f"error {error}"
+        self._take_time(keyword, value)
+        return "ok"
+
+    def _build_handlers(self) -> dict[str, Callable[[float | None], str | None]]:
+        handlers: dict[str, Callable[[float | None], str | None]] = {
+            "takeoff": self._takeoff, "land": self._land, "speed": self._set_speed, "flip": self._flip,
+        }
+        for direction, heading in _MOVES.items():
+            handlers[direction] = lambda value, heading=heading: self._move(value, heading)
+        for direction, sign in _VERTICAL.items():
+            handlers[direction] = lambda value, sign=sign: self._climb(value, sign)
+        for direction, sign in _TURNS.items():
+            handlers[direction] = lambda value, sign=sign: self._turn(value, sign)
+        return handlers
+
+    def _take_time(self, keyword: str, value: float | None) -> None:
+        seconds = self.duration(keyword, value)
+        self._stopping.wait(seconds * self.time_scale)
+        with self._lock:
+            if self._state.flying:
+                self._state = replace(self._state, flight_time=self._state.flight_time + seconds,
+                                      battery=max(0.0, self._state.battery - seconds * BATTERY_DRAIN_PER_S))
+
+    def _takeoff(self, _: float | None) -> str | None:
+        with self._lock:
+            if self._state.flying:
+                return "already flying"
+            self._state = replace(self._state, flying=True, z=TAKEOFF_HEIGHT_CM)
+        return None
+
+    def _land(self, _: float | None) -> str | None:
+        with self._lock:
+            if not self._state.flying:
+                return "not flying"
+            self._state = replace(self._state, flying=False, z=0.0)
+        return None
+
+    def _set_speed(self, value: float | None) -> str | None:
+        if not _in_range(value, SPEED_RANGE_CM_S):
+            return "out of range"
+        with self._lock:
+            self._state = replace(self._state, speed=value)
+        return None
+
+    def _flip(self, _: float | None) -> str | None:
+        return None if self.state.flying else "not flying"
+
+    def _move(self, distance: float | None, heading_offset: float) -> str | None:
+        if not _in_range(distance, MOVE_RANGE_CM):
+            return "out of range"
+        assert distance is not None
+        with self._lock:
+            if not self._state.flying:
+                return "not flying"
+            heading = math.radians(self._state.yaw + heading_offset)
+            self._state = replace(self._state, x=self._state.x + distance * math.cos(heading),
+                                  y=self._state.y + distance * math.sin(heading))
+        return None
+
+    def _climb(self, distance: float | None, sign: int) -> str | None:
+        if not _in_range(distance, MOVE_RANGE_CM):
+            return "out of range"
+        assert distance is not None
+        with self._lock:
+            if not self._state.flying:
+                return "not flying"
+            if self._state.z + sign * distance < 0:
+                return "out of range"
+            self._state = replace(self._state, z=self._state.z + sign * distance)
+        return None
+
+    def _turn(self, degrees: float | None, sign: int) -> str | None:
+        if not _in_range(degrees, TURN_RANGE_DEG):
+            return "out of range"
+        assert degrees is not None
+        with self._lock:
+            if not self._state.flying:
+                return "not flying"
+            self._state = replace(self._state, yaw=(self._state.yaw + sign * degrees + 180) % 360 - 180)
+        return None
+
+    def _apply_emergency(self) -> None:
+        with self._lock:
+            self._state = replace(self._state, flying=False, z=0.0)
+
+    def _read(self, keyword: str) -> str:
+        state = self.state
+        readings = {
+            "battery?": f"{int(state.battery)}", "speed?": f"{state.speed:.1f}",
+            "time?": f"{int(state.flight_time)}s", "height?": f"{round(state.z / 10)}dm",
+            "temp?": "63~65C", "attitude?": f"pitch:0;roll:0;yaw:{round(state.yaw)};",
+            "baro?": "0.000000", "tof?": f"{_tof_cm(state) * 10}mm", "wifi?": "90", "sdk?": "20",
+            "sn?": "0TQSIMULATED0", "active?": "ok",
+        }
+        return readings.get(keyword, "error unknown command")
+
+    def _stream_state(self) -> None:
+        while not self._stopping.wait(STATE_PERIOD_S):
+            if self._client_host is not None:
+                packet = format_state(self.state).encode("ascii")
+                self._socket.sendto(packet, (self._client_host, self.state_port))
+
+
+def format_state(state: DroneState) -> str:
+    """The state line a Tello streams (no mission pad in sight)."""
+    return (
+        "mid:-1;x:-100;y:-100;z:-100;mpry:-1,-1,-1;pitch:0;roll:0;"
+        f"yaw:{round(state.yaw)};vgx:0;vgy:0;vgz:0;templ:63;temph:65;tof:{_tof_cm(state)};"
+        f"h:{round(state.z)};bat:{int(state.battery)};baro:0.00;time:{int(state.flight_time)};"
+        "agx:0.00;agy:0.00;agz:-1000.00;\r\n"
+    )
+
+
+def _tof_cm(state: DroneState) -> int:
+    # The downward time-of-flight sensor reads about 10 cm on the ground.
+    return max(10, round(state.z))
+
+
+def _single_number(args: list[str]) -> float | None:
+    if len(args) != 1:
+        return None
+    try:
+        return float(args[0])
+    except ValueError:
+        return None
+
+
+def _in_range(value: float | None, bounds: tuple[int, int]) -> bool:
+    return value is not None and bounds[0] <= value <= bounds[1]
