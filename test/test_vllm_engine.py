@@ -1,0 +1,204 @@
+"""The embedded vLLM engine on the tiny model: segmenting, caching, forcing, limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from timely_llm.engines.base import EngineRejected, GenerationSpec, ResumeInfo
+from timely_llm.engines.vllm_engine import VllmEngine
+from timely_llm.models import CORPUS
+
+pytestmark = pytest.mark.vllm
+
+MAX_MODEL_LEN = 1024
+PLAN = "s('cat');?iv('cat')==True{g('cat');tp};tc(90);mf(100);"
+ARM_PLAN = "goto('red_box');pick('red_box');goto('tray');drop('red_box');"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VllmEngine]:
+    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0, max_num_seqs=16)
+    yield eng
+    eng.close()
+
+
+def corpus_prompt(engine: VllmEngine, first_line: int, min_tokens: int) -> list[int]:
+    """A prompt of at least ``min_tokens`` tokens cut from the shipped corpus."""
+    lines = CORPUS.read_text().splitlines()[first_line:]
+    ids = engine.tokenizer.encode("")
+    for line in lines:
+        ids = engine.tokenizer.encode(f"{engine.tokenizer.decode(ids)}\n{line}")
+        if len(ids) >= min_tokens:
+            return ids
+    raise AssertionError("corpus too short")
+
+
+@dataclass
+class Run:
+    outputs: dict[str, list[int]]
+    finished: dict[str, str] = field(default_factory=dict)
+    resumes: list[ResumeInfo] = field(default_factory=list)
+
+
+def drive(engine: VllmEngine, specs: list[GenerationSpec], every: int = 0) -> Run:
+    """Run ``specs`` to the end; with ``every`` > 0, suspend each generation after
+    every ``every`` new tokens and resume it one step later."""
+    by_id = {s.gen_id: s for s in specs}
+    run = Run({s.gen_id: list(s.output_ids) for s in specs})
+    segment = dict.fromkeys(by_id, 0)
+    running, to_resume = set(by_id), []
+    for spec in specs:
+        engine.start(spec)
+    while running or to_resume:
+        for gen_id in to_resume:
+            engine.start(replace(by_id[gen_id], output_ids=run.outputs[gen_id]))
+            running.add(gen_id)
+        to_resume = []
+        out = engine.step()
+        assert not out.failed
+        run.resumes += [info for gid, info in out.started.items() if run.outputs[gid]]
+        for gen_id, tokens in out.new_tokens.items():
+            assert gen_id in running, "a suspended generation produced tokens"
+            run.outputs[gen_id] += tokens
+            segment[gen_id] += len(tokens)
+        for gen_id, reason in out.finished.items():
+            run.finished[gen_id] = reason
+            running.discard(gen_id)
+            engine.release(gen_id)
+        for gen_id in sorted(running):
+            assert not every or segment[gen_id] <= every, "tokens past the boundary"
+            if every and segment[gen_id] == every:
+                engine.suspend(gen_id)
+                running.discard(gen_id)
+                to_resume.append(gen_id)
+                segment[gen_id] = 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def prompts(engine: VllmEngine) -> list[list[int]]:
+    return [
+        corpus_prompt(engine, start, n) for start, n in [(0, 140), (40, 260), (90, 400)]
+    ]
+
+
+def test_model_depends_on_more_than_the_last_token(engine: VllmEngine) -> None:
+    # Otherwise a resume from a wrong KV cache could not change the output.
+    tail = engine.tokenizer.encode(" Plan:")[1:]
+    heads = ["Find a cat and go to it.", "Put the red_box on the tray."]
+    specs = [
+        GenerationSpec(f"ctx{i}", engine.tokenizer.encode(h) + tail, max_new_tokens=12)
+        for i, h in enumerate(heads)
+    ]
+    run = drive(engine, specs)
+    assert run.outputs["ctx0"] != run.outputs["ctx1"]
+
+
+@pytest.mark.parametrize("every", [1, 3, 7])
+def test_segmenting_does_not_change_greedy_output(
+    engine: VllmEngine, prompts: list[list[int]], every: int
+) -> None:
+    specs = [
+        GenerationSpec(f"p{i}", p, max_new_tokens=30) for i, p in enumerate(prompts)
+    ]
+    straight = drive(engine, specs)
+    segmented = drive(
+        engine, [replace(s, gen_id=f"{s.gen_id}-k{every}") for s in specs], every
+    )
+    for spec in specs:
+        assert (
+            segmented.outputs[f"{spec.gen_id}-k{every}"]
+            == straight.outputs[spec.gen_id]
+        )
+    assert segmented.resumes, "no generation was resumed"
+
+
+def test_every_resume_hits_the_prefix_cache(
+    engine: VllmEngine, prompts: list[list[int]]
+) -> None:
+    specs = [
+        GenerationSpec(f"c{i}", p, max_new_tokens=40) for i, p in enumerate(prompts)
+    ]
+    run = drive(engine, specs, every=5)
+    assert len(run.resumes) >= len(specs) * 6
+    for info in run.resumes:
+        # vLLM recomputes the last context token, so only full blocks before it hit.
+        full_blocks = (info.context_tokens - 1) // engine.block_size
+        assert info.context_tokens > engine.block_size
+        assert info.cached_tokens >= full_blocks * engine.block_size, info
+        assert not info.evicted
+
+
+def test_resume_at_exact_block_multiple_reports_cache(engine: VllmEngine) -> None:
+    prompt = corpus_prompt(engine, 200, 2 * engine.block_size)[
+        : 2 * engine.block_size - 4
+    ]
+    run = drive(engine, [GenerationSpec("edge", prompt, max_new_tokens=8)], every=4)
+    edge = next(i for i in run.resumes if i.context_tokens == 2 * engine.block_size)
+    assert edge.cached_tokens == engine.block_size
+    assert not edge.evicted
+
+
+@pytest.mark.parametrize("every", [0, 4])
+def test_forcing_reproduces_a_recorded_plan_then_eos(
+    engine: VllmEngine, prompts: list[list[int]], every: int
+) -> None:
+    tok = engine.tokenizer
+    plans = {"drone": tok.encode(PLAN)[1:], "arm": tok.encode(ARM_PLAN)[1:]}
+    specs = [
+        GenerationSpec(
+            f"force-{name}-{every}", prompts[0], max_new_tokens=64, forced_ids=ids
+        )
+        for name, ids in plans.items()
+    ]
+    free = GenerationSpec(f"free-{every}", prompts[1], max_new_tokens=20)
+    run = drive(engine, [*specs, free], every)
+    for spec in specs:
+        assert run.outputs[spec.gen_id] == [*spec.forced_ids, tok.eos_token_id]
+        assert run.finished[spec.gen_id] == "eos"
+        assert tok.decode(run.outputs[spec.gen_id]) in (PLAN, ARM_PLAN)
+    # Forcing one row of the batch leaves its neighbours' greedy choices alone.
+    alone = drive(engine, [replace(free, gen_id=f"alone-{every}")])
+    assert run.outputs[free.gen_id] == alone.outputs[f"alone-{every}"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([5] * (MAX_MODEL_LEN + 10), "max_model_len"),
+        ([], "empty prompt"),
+        ([5, 10**6], "outside the vocabulary"),
+    ],
+)
+def test_rejects_then_keeps_serving(
+    engine: VllmEngine, prompts: list[list[int]], prompt: list[int], message: str
+) -> None:
+    with pytest.raises(EngineRejected, match=message):
+        engine.start(GenerationSpec("bad", prompt))
+    run = drive(engine, [GenerationSpec("after-reject", prompts[0], max_new_tokens=5)])
+    assert len(run.outputs["after-reject"]) == 5
+    assert run.finished["after-reject"] == "length"
+
+
+def test_free_kv_blocks_drop_while_running_and_recover_on_release(
+    engine: VllmEngine, prompts: list[list[int]]
+) -> None:
+    idle = engine.free_kv_blocks()
+    plan = engine.tokenizer.encode(PLAN * 12)[1:]
+    engine.start(
+        GenerationSpec(
+            "long", prompts[2], max_new_tokens=len(plan) + 1, forced_ids=plan
+        )
+    )
+    generated = 0
+    while generated < engine.block_size + 10:
+        out = engine.step()
+        generated += len(out.new_tokens.get("long", []))
+        assert "long" not in out.finished
+    held = engine.blocks_for(len(prompts[2]) + generated)
+    assert engine.free_kv_blocks() <= idle - held
+    engine.release("long")
+    assert engine.free_kv_blocks() == idle
