@@ -1,0 +1,104 @@
+"""Priority policies: PUD (Eq. 4), EDF and FCFS, evaluated over the whole queue at once.
+
+Each policy maps the queue's columns to scores (higher runs first). Scores depend on
+the current time, so the queue asks for them afresh at every fetch (§4.3).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class QueueColumns:
+    """Per-generation scheduling parameters, one numpy column each."""
+
+    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "prev_end", "gen_time")
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.size = 0
+        self.data = np.zeros((len(self.NAMES), capacity))
+
+    def column(self, name: str) -> np.ndarray:
+        return self.data[self.NAMES.index(name), : self.size]
+
+    def append(self, values: tuple[float, ...]) -> int:
+        if self.size == self.data.shape[1]:
+            self.data = np.concatenate([self.data, np.zeros_like(self.data)], axis=1)
+        self.data[:, self.size] = values
+        self.size += 1
+        return self.size - 1
+
+    def remove(self, slot: int) -> int:
+        """Remove ``slot`` by moving the last row into it; returns the slot that moved."""
+        last = self.size - 1
+        self.data[:, slot] = self.data[:, last]
+        self.size -= 1
+        return last
+
+
+class PriorityPolicy(ABC):
+    name: str
+
+    @abstractmethod
+    def scores(self, q: QueueColumns, now: float) -> np.ndarray:
+        """Priority of every queued generation at time ``now``; higher runs first."""
+
+
+class FCFS(PriorityPolicy):
+    """Earliest arrival first; a suspended generation keeps its request's arrival."""
+
+    name = "fcfs"
+
+    def scores(self, q: QueueColumns, now: float) -> np.ndarray:
+        return -q.column("arrival")
+
+
+class EDF(PriorityPolicy):
+    """Earliest first-response deadline first; suspended generations keep it (§7.3.2)."""
+
+    name = "edf"
+
+    def scores(self, q: QueueColumns, now: float) -> np.ndarray:
+        return -(q.column("arrival") + q.column("ert"))
+
+
+class PUD(PriorityPolicy):
+    """Potential utility density scaled by slack (Eq. 4).
+
+    For a segment whose generation would start now, its action starts at
+    ``now + G + network`` (G the profiled segment generation time). W is that start
+    minus the request's arrival (first segment) or minus the estimated end of the
+    previous segment's execution (later segments, TUF_1 with ERT = 0). L, the slack,
+    is the time from that start to the segment's deadline (arrival + ERT, or the
+    previous segment's end), floored at G so a late segment keeps the top rank among
+    equally useful ones instead of dividing by zero or flipping sign.
+    """
+
+    name = "pud"
+
+    def __init__(self, network_latency: float) -> None:
+        self.network_latency = network_latency
+
+    def scores(self, q: QueueColumns, now: float) -> np.ndarray:
+        first = q.column("seg_index") == 0
+        gen_time = q.column("gen_time")
+        action_start = now + gen_time + self.network_latency
+        origin = np.where(first, q.column("arrival"), q.column("prev_end"))
+        ert = np.where(first, q.column("ert"), 0.0)
+        waiting = action_start - origin
+        beta = q.column("beta")
+        utility = np.minimum(beta, q.column("alpha") * (waiting - ert) + beta)
+        slack = np.maximum(origin + ert - action_start, gen_time)
+        return utility / (gen_time * slack)
+
+
+def make_policy(name: str, network_latency: float) -> PriorityPolicy:
+    if name == "pud":
+        return PUD(network_latency)
+    if name == "edf":
+        return EDF()
+    if name == "fcfs":
+        return FCFS()
+    raise ValueError(f"unknown priority policy {name!r} (pud, edf, fcfs)")

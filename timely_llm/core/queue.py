@@ -1,0 +1,52 @@
+"""The generation queue: initial and suspended generations, fetched by current priority."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from timely_llm.core.priority import PriorityPolicy, QueueColumns
+from timely_llm.core.request import Request
+
+
+class GenerationQueue:
+    def __init__(self, policy: PriorityPolicy) -> None:
+        self.policy = policy
+        self._columns = QueueColumns()
+        self._requests: list[Request] = []
+        self._slot: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._slot
+
+    def __iter__(self):  # noqa: ANN204 - iterator over queued requests
+        return iter(list(self._requests))
+
+    def push(self, request: Request) -> None:
+        if request.id in self._slot:
+            raise ValueError(f"{request.id} is already queued")
+        tuf = request.tuf
+        self._slot[request.id] = self._columns.append((
+            request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
+            request.prev_end_est, request.robot.segment_generation_time,
+        ))
+        self._requests.append(request)
+
+    def remove(self, request_id: str) -> Request:
+        slot = self._slot.pop(request_id)
+        moved_from = self._columns.remove(slot)
+        request = self._requests[slot]
+        last = self._requests.pop()
+        if moved_from != slot:
+            self._requests[slot] = last
+            self._slot[last.id] = slot
+        return request
+
+    def best(self, now: float) -> Request | None:
+        """The highest-priority generation at ``now``."""
+        if not self._requests:
+            return None
+        scores = self.policy.scores(self._columns, now)
+        return self._requests[int(np.argmax(scores))]

@@ -1,0 +1,218 @@
+"""Robot skill tables and their execution-time models, loaded from ``skill_models/*.yaml``.
+
+A skill's time model is one of:
+  ``{fixed: S}``                         always S seconds;
+  ``{linear: {slope: A, intercept: B}}`` A * x + B for the skill's first numeric argument x;
+  ``{samples: [S1, S2, ...]}``           scene-dependent: the robot draws one of the profiled times.
+The scheduler plans with the lower bound (the minimum execution time, §4.3); the
+simulated robot samples.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from timely_llm.errors import ConfigError
+
+SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    kind: str
+    values: tuple[float, ...]
+
+    def lower_bound(self, arg: float | None) -> float:
+        if self.kind == "samples":
+            return min(self.values)
+        return self._deterministic(arg)
+
+    def sample(self, arg: float | None, rng: random.Random) -> float:
+        if self.kind == "samples":
+            return rng.choice(self.values)
+        return self._deterministic(arg)
+
+    def _deterministic(self, arg: float | None) -> float:
+        if self.kind == "fixed":
+            return self.values[0]
+        slope, intercept = self.values
+        return max(0.0, slope * abs(arg or 0.0) + intercept)
+
+
+@dataclass(frozen=True)
+class SkillCall:
+    name: str
+    args: tuple[str, ...]
+
+    @property
+    def numeric_arg(self) -> float | None:
+        for arg in self.args:
+            try:
+                return float(arg)
+            except ValueError:
+                continue
+        return None
+
+
+@dataclass(frozen=True)
+class Skill:
+    abbr: str
+    name: str
+    takes_args: bool
+    time: TimeModel
+
+
+class SkillModel:
+    """One robot type: its skills, how to spot them in text, how long they take."""
+
+    def __init__(self, robot: str, language: str, skills: list[Skill], segment_max_tokens: int,
+                 segment_generation_time: float, words_per_minute: float | None = None,
+                 source: str = "<memory>") -> None:
+        self.robot = robot
+        self.language = language
+        self.skills = {s.abbr: s for s in skills}
+        self.segment_max_tokens = segment_max_tokens
+        self.segment_generation_time = segment_generation_time
+        self.words_per_minute = words_per_minute
+        self.source = source
+        self._call_re = _call_regex(skills) if skills else None
+
+    def find_calls(self, text: str) -> list[SkillCall]:
+        """Every complete skill call in ``text``, in order."""
+        if self._call_re is None:
+            return []
+        calls = []
+        for m in self._call_re.finditer(_mask_strings(text)):
+            if m.group("bare"):
+                calls.append(SkillCall(m.group("bare"), ()))
+            else:
+                calls.append(SkillCall(m.group("abbr"), _split_args(text[m.start("args"):m.end("args")])))
+        return calls
+
+    def has_call(self, text: str) -> bool:
+        return self._call_re is not None and self._call_re.search(_mask_strings(text)) is not None
+
+    def min_exec_time(self, text: str) -> float:
+        """Lower bound of the time the robot needs to execute ``text``."""
+        if self.words_per_minute:
+            return _reading_time(text, self.words_per_minute)
+        return sum(self.skills[c.name].time.lower_bound(c.numeric_arg) for c in self.find_calls(text))
+
+    def sample_exec_time(self, text: str, rng: random.Random) -> float:
+        """One draw of the time a simulated robot takes to execute ``text``."""
+        if self.words_per_minute:
+            return _reading_time(text, self.words_per_minute)
+        return sum(self.skills[c.name].time.sample(c.numeric_arg, rng) for c in self.find_calls(text))
+
+
+def _reading_time(text: str, words_per_minute: float) -> float:
+    return len(text.split()) * 60.0 / words_per_minute
+
+
+def _call_regex(skills: list[Skill]) -> re.Pattern[str]:
+    def alternatives(with_args: bool) -> str:
+        names = sorted((re.escape(s.abbr) for s in skills if s.takes_args == with_args), key=len, reverse=True)
+        return "|".join(names) or "(?!)"
+
+    # A bare skill (no arguments) is complete only once the next character shows its name has ended.
+    return re.compile(
+        rf"(?<![\w.])(?:(?P<abbr>{alternatives(True)})\((?P<args>[^()]*)\)"
+        rf"|(?P<bare>{alternatives(False)})(?:\(\))?(?=[;}}\s)]|$))"
+    )
+
+
+def _mask_strings(text: str) -> str:
+    """Blank out quoted literals so skill names inside strings are not taken as calls."""
+    return re.sub(r"'[^']*'|\"[^\"]*\"", lambda m: m.group(0)[0] + "_" * (len(m.group(0)) - 2) + m.group(0)[-1], text)
+
+
+def _split_args(raw: str) -> tuple[str, ...]:
+    return tuple(a.strip().strip("'\"") for a in raw.split(",") if a.strip())
+
+
+def load_skill_model(path: str | Path) -> SkillModel:
+    """Load and validate one skill-model file; ConfigError names the file and field."""
+    source = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(source, "<file>", f"cannot read YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(source, "<root>", "expected a mapping")
+    robot = _require(data, "robot", str, source)
+    language = _require(data, "language", str, source)
+    if language not in SEGMENT_LANGUAGES:
+        raise ConfigError(source, "language", f"must be one of {SEGMENT_LANGUAGES}, got {language!r}")
+    segment = _require(data, "segment", dict, source)
+    max_tokens = _require(segment, "max_tokens", int, source, "segment.")
+    gen_time = float(_require(segment, "generation_time", (int, float), source, "segment."))
+    if max_tokens <= 0 or gen_time <= 0:
+        raise ConfigError(source, "segment", "max_tokens and generation_time must be > 0")
+    wpm = data.get("words_per_minute")
+    if wpm is not None and (not isinstance(wpm, (int, float)) or wpm <= 0):
+        raise ConfigError(source, "words_per_minute", "must be a positive number")
+    raw_skills = data.get("skills", [])
+    if not isinstance(raw_skills, list) or (not raw_skills and wpm is None):
+        raise ConfigError(source, "skills", "expected a non-empty list (or words_per_minute for reading)")
+    skills = [_parse_skill(s, i, source) for i, s in enumerate(raw_skills)]
+    return SkillModel(robot, language, skills, max_tokens, gen_time, wpm, source)
+
+
+def _parse_skill(raw: Any, index: int, source: str) -> Skill:
+    where = f"skills[{index}]."
+    if not isinstance(raw, dict):
+        raise ConfigError(source, f"skills[{index}]", "expected a mapping")
+    abbr = _require(raw, "abbr", str, source, where)
+    name = _require(raw, "name", str, source, where)
+    args = raw.get("args", [])
+    if not isinstance(args, list):
+        raise ConfigError(source, where + "args", "expected a list")
+    return Skill(abbr, name, bool(args), _parse_time(_require(raw, "time", dict, source, where), source, where))
+
+
+def _parse_time(raw: dict, source: str, where: str) -> TimeModel:
+    field = where + "time"
+    if len(raw) != 1:
+        raise ConfigError(source, field, "expected exactly one of fixed, linear, samples")
+    kind, value = next(iter(raw.items()))
+    if kind == "fixed" and isinstance(value, (int, float)) and value >= 0:
+        return TimeModel("fixed", (float(value),))
+    if kind == "linear" and isinstance(value, dict) and {"slope", "intercept"} <= value.keys():
+        if all(isinstance(value[k], (int, float)) for k in ("slope", "intercept")):
+            return TimeModel("linear", (float(value["slope"]), float(value["intercept"])))
+    if kind == "samples" and isinstance(value, list) and value:
+        if all(isinstance(v, (int, float)) and v >= 0 for v in value):
+            return TimeModel("samples", tuple(float(v) for v in value))
+    raise ConfigError(source, f"{field}.{kind}", f"invalid time model {value!r}")
+
+
+def _require(data: dict, key: str, kind: type | tuple[type, ...], source: str, prefix: str = "") -> Any:
+    if key not in data:
+        raise ConfigError(source, prefix + key, "missing")
+    value = data[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ConfigError(source, prefix + key, f"wrong type {type(value).__name__}")
+    return value
+
+
+def skill_model_dir() -> Path:
+    """``skill_models/`` beside the package (source tree) or under ``share/timely_llm`` (installed)."""
+    beside = Path(__file__).resolve().parents[2] / "skill_models"
+    return beside if beside.is_dir() else Path(sys.prefix) / "share" / "timely_llm" / "skill_models"
+
+
+def load_skill_models(paths: list[str | Path] | None = None) -> dict[str, SkillModel]:
+    """Load skill models by robot name (default: every file in ``skill_models/``)."""
+    files = [Path(p) for p in paths] if paths else sorted(skill_model_dir().glob("*.yaml"))
+    models = {}
+    for f in files:
+        model = load_skill_model(f)
+        models[model.robot] = model
+    return models
