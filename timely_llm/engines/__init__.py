@@ -1,0 +1,1 @@
+"""Engines behind one interface (``base.Engine``): the calibrated simulator and embedded vLLM."""

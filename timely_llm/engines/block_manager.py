@@ -1,0 +1,110 @@
+"""KV blocks with prefix caching, as the simulator models them.
+
+Every full block is identified by a hash chained over all tokens up to its end, so
+two contexts sharing a prefix share its blocks. A block nobody uses keeps its hash
+and stays cached until a new allocation takes it (least recently freed first):
+that is how a suspended generation finds its KV again on resume, or pays to
+recompute what memory pressure evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class OutOfBlocks(Exception):
+    pass
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._block_of_hash: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.tables: dict[str, list[int]] = {}
+        self._lengths: dict[str, int] = {}
+        self._last_hash: dict[str, int] = {}
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def allocate(self, owner: str, token_ids: list[int]) -> int:
+        """Give ``owner`` blocks for ``token_ids``; return how many tokens were cache hits."""
+        if owner in self.tables:
+            raise ValueError(f"{owner} already holds blocks")
+        hits = self._cached_prefix(token_ids)
+        if self.blocks_for(len(token_ids)) - len(hits) > len(self._free) - self._free_among(hits):
+            raise OutOfBlocks(owner)
+        table: list[int] = []
+        for block in hits:
+            self._take(block)
+            table.append(block)
+        self.tables[owner] = table
+        self._lengths[owner] = len(hits) * self.block_size
+        self._last_hash[owner] = self._hash_of[hits[-1]] if hits else 0
+        self.append(owner, token_ids[len(hits) * self.block_size:])
+        return len(hits) * self.block_size
+
+    def append(self, owner: str, token_ids: list[int]) -> None:
+        """Extend ``owner``'s context; registers each block's hash as it fills."""
+        table = self.tables[owner]
+        for token in token_ids:
+            length = self._lengths[owner]
+            if length % self.block_size == 0:
+                if not self._free:
+                    raise OutOfBlocks(owner)
+                block = next(iter(self._free))
+                self._evict(block)
+                self._take(block)
+                table.append(block)
+            self._last_hash[owner] = hash((self._last_hash[owner], token))
+            self._lengths[owner] = length + 1
+            if (length + 1) % self.block_size == 0:
+                self._register(table[-1], self._last_hash[owner])
+
+    def release(self, owner: str) -> None:
+        for block in self.tables.pop(owner, []):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._free[block] = None  # most recently freed: evicted last
+        self._lengths.pop(owner, None)
+        self._last_hash.pop(owner, None)
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
+        hits, h = [], 0
+        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
+            for token in token_ids[start:start + self.block_size]:
+                h = hash((h, token))
+            block = self._block_of_hash.get(h)
+            if block is None or self._hash_of[block] != h:
+                break
+            hits.append(block)
+        return hits
+
+    def _free_among(self, blocks: list[int]) -> int:
+        return sum(1 for b in blocks if b in self._free)
+
+    def _take(self, block: int) -> None:
+        self._free.pop(block, None)
+        self._ref[block] += 1
+
+    def _evict(self, block: int) -> None:
+        old = self._hash_of[block]
+        if old is not None and self._block_of_hash.get(old) == block:
+            del self._block_of_hash[old]
+        self._hash_of[block] = None
+
+    def _register(self, block: int, h: int) -> None:
+        self._hash_of[block] = h
+        self._block_of_hash.setdefault(h, block)

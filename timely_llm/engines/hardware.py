@@ -1,0 +1,101 @@
+"""Hardware profiles: the simulator's per-iteration latency model and KV memory.
+
+One iteration (a continuous-batching step) takes
+
+    base + per_prefill_token * P + per_prefill_attention * sum_i(N_i * C_i)
+         + per_decode_seq * B + per_kv_token * K
+
+where P is the number of tokens prefilled this step, N_i / C_i the new tokens and
+resulting context length of each prefilling generation (TimeBill's quadratic
+prefill term a*N^2 when nothing is cached), B the number of decoding generations
+and K the total context they attend over (TimeBill's p*N_kv). KV memory is
+``(total - weights - reserved)`` GiB split into blocks of ``block_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from timely_llm.errors import ConfigError
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "hw"
+STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_seq", "per_kv_token")
+MEMORY_TERMS = ("total_gib", "weights_gib", "reserved_gib", "kv_bytes_per_token", "block_tokens")
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    step: dict[str, float]
+    memory: dict[str, float]
+    max_model_len: int
+
+    @property
+    def block_tokens(self) -> int:
+        return int(self.memory["block_tokens"])
+
+    @property
+    def num_kv_blocks(self) -> int:
+        m = self.memory
+        kv_bytes = (m["total_gib"] - m["weights_gib"] - m["reserved_gib"]) * 2**30
+        return int(kv_bytes // (m["kv_bytes_per_token"] * m["block_tokens"]))
+
+    def step_time(self, prefills: list[tuple[int, int]], decode_contexts: list[int]) -> float:
+        """Seconds for one iteration; ``prefills`` holds (new tokens, context length) pairs."""
+        s = self.step
+        return (
+            s["base"]
+            + s["per_prefill_token"] * sum(n for n, _ in prefills)
+            + s["per_prefill_attention"] * sum(n * c for n, c in prefills)
+            + s["per_decode_seq"] * len(decode_contexts)
+            + s["per_kv_token"] * sum(decode_contexts)
+        )
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "step": self.step, "memory": self.memory, "max_model_len": self.max_model_len}
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """Load a profile by shipped name (``rtx4090-llama3-8b``) or by file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    source = str(path)
+    if not path.is_file():
+        shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+        raise ConfigError(source, "<file>", f"no such hardware profile (shipped: {', '.join(shipped)})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, "<file>", f"cannot parse YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(source, "<root>", "expected a mapping")
+    step = _numbers(data, "step", STEP_TERMS, source)
+    memory = _numbers(data, "memory", MEMORY_TERMS, source)
+    max_len = data.get("max_model_len")
+    if not isinstance(max_len, int) or max_len <= 0:
+        raise ConfigError(source, "max_model_len", "must be a positive integer")
+    profile = HardwareProfile(str(data.get("name", path.stem)), step, memory, max_len)
+    if profile.num_kv_blocks <= 0:
+        raise ConfigError(source, "memory", "no memory left for the KV cache")
+    return profile
+
+
+def _numbers(data: dict, key: str, names: tuple[str, ...], source: str) -> dict[str, float]:
+    section = data.get(key)
+    if not isinstance(section, dict):
+        raise ConfigError(source, key, "missing or not a mapping")
+    out = {}
+    for name in names:
+        value = section.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(source, f"{key}.{name}", f"must be a number >= 0, got {value!r}")
+        out[name] = float(value)
+    return out
+
+
+def save_profile(profile: HardwareProfile, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(profile.to_dict(), sort_keys=False))

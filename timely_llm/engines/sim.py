@@ -1,0 +1,133 @@
+"""The calibrated serving simulator: iteration-level continuous batching on a model clock.
+
+It replays recorded plans (``forced_ids``) token by token. Each ``step()`` prefills
+the generations started since the last step (only what the prefix cache misses)
+and decodes one token for every other running generation; its duration comes from
+the hardware profile. When a running generation needs a block and none is free,
+the most recently started one is preempted and recomputed later, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, ResumeInfo, StepOutput
+from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
+from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.sim_tokenizer import SimTokenizer
+
+
+@dataclass
+class _Generation:
+    spec: GenerationSpec
+    output: list[int]
+    prefilled: bool = False
+
+    @property
+    def context(self) -> list[int]:
+        return self.spec.prompt_ids + self.output
+
+
+class SimEngine(Engine):
+    def __init__(self, profile: HardwareProfile, tokenizer: SimTokenizer | None = None) -> None:
+        self.profile = profile
+        self.tokenizer = tokenizer or SimTokenizer()
+        self.block_size = profile.block_tokens
+        self.blocks = BlockManager(profile.num_kv_blocks, self.block_size)
+        self._running: dict[str, _Generation] = {}
+
+    def start(self, spec: GenerationSpec) -> None:
+        if spec.gen_id in self._running:
+            raise EngineRejected(f"{spec.gen_id} is already running")
+        if spec.forced_ids is None:
+            raise EngineRejected("the simulator replays recorded plans only: give the request a trace")
+        if not spec.prompt_ids:
+            raise EngineRejected("empty prompt")
+        total = len(spec.prompt_ids) + len(spec.output_ids)
+        if total + 1 > self.profile.max_model_len:
+            raise EngineRejected(f"context of {total} tokens exceeds max_model_len {self.profile.max_model_len}")
+        if self.blocks_for(total + 1) > self.blocks.num_blocks:
+            raise EngineRejected(f"context of {total} tokens cannot fit in KV memory")
+        self._running[spec.gen_id] = _Generation(spec, list(spec.output_ids))
+
+    def suspend(self, gen_id: str) -> None:
+        self._running.pop(gen_id, None)
+        self.blocks.release(gen_id)
+
+    release = suspend  # the simulator keeps no state for a suspended generation but its cached blocks
+
+    def free_kv_blocks(self) -> int:
+        return self.blocks.free_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return self.blocks.blocks_for(num_tokens)
+
+    def running_ids(self) -> list[str]:
+        return list(self._running)
+
+    def step(self) -> StepOutput:
+        out = StepOutput(duration=0.0)
+        prefills: list[tuple[int, int]] = []
+        decode_contexts: list[int] = []
+        scheduled: list[_Generation] = []
+        preempted: set[str] = set()
+        for gen in list(self._running.values()):
+            if gen.spec.gen_id in preempted:
+                continue
+            if not gen.prefilled:
+                info = self._prefill(gen)
+                if info is None:
+                    continue
+                out.started[gen.spec.gen_id] = info
+                prefills.append((max(info.context_tokens - info.cached_tokens, 1), info.context_tokens))
+            elif not self._grow(gen, preempted):
+                continue
+            else:
+                decode_contexts.append(len(gen.context))
+            scheduled.append(gen)
+        if scheduled:
+            out.duration = self.profile.step_time(prefills, decode_contexts)
+        for gen in scheduled:
+            self._emit_token(gen, out)
+        return out
+
+    def _prefill(self, gen: _Generation) -> ResumeInfo | None:
+        context = gen.context
+        try:
+            cached = self.blocks.allocate(gen.spec.gen_id, context)
+        except OutOfBlocks:
+            return None  # waits for memory; the batch controller normally prevents this
+        gen.prefilled = True
+        full = (len(context) // self.block_size) * self.block_size
+        # Like vLLM, the last prompt token is always recomputed to produce logits.
+        cached = min(cached, len(context) - 1)
+        return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < min(full, len(context) - 1))
+
+    def _grow(self, gen: _Generation, preempted: set[str]) -> bool:
+        """Write the last token's KV; preempt the newest generation when no block is free."""
+        while True:
+            try:
+                self.blocks.append(gen.spec.gen_id, [gen.output[-1]])
+                return True
+            except OutOfBlocks:
+                victim = next(g for g in reversed(self._running.values())
+                              if g.prefilled and g.spec.gen_id not in preempted)
+                self.blocks.release(victim.spec.gen_id)
+                victim.prefilled = False
+                preempted.add(victim.spec.gen_id)
+                if victim is gen:
+                    return False
+
+    def _emit_token(self, gen: _Generation, out: StepOutput) -> None:
+        spec = gen.spec
+        position = len(gen.output)
+        forced = spec.forced_ids or []
+        if position >= len(forced):
+            out.finished[spec.gen_id] = "eos"
+            out.new_tokens.setdefault(spec.gen_id, [])
+            return
+        token = forced[position]
+        gen.output.append(token)
+        out.new_tokens[spec.gen_id] = [token]
+        if len(gen.output) >= spec.max_new_tokens:
+            out.finished[spec.gen_id] = "length"
