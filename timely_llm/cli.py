@@ -1,0 +1,133 @@
+"""``timely-llm``: benchmark, plot, and measure the scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from timely_llm.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="timely-llm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench(sub.add_parser("bench", help="run a workload under one policy and write the records"))
+    _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results"))
+    _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
+    _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"timely-llm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation.harness import BENCH_POLICIES
+
+    p.add_argument("--engine", choices=("sim",), default="sim")
+    p.add_argument("--hw", default="rtx4090-llama3-8b", help="hardware profile name or YAML file")
+    p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
+    p.add_argument("--policy", required=True, choices=BENCH_POLICIES)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=None)
+    p.add_argument("--skill-models", nargs="*", default=None, help="skill-model YAML files")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_bench)
+
+
+def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.workloads.generator import BUILTIN, generate, load_workload
+    from timely_llm.workloads.traces import load_catalog
+
+    skills = load_skill_models(args.skill_models)
+    catalog = load_catalog()
+    for trace in catalog.traces.values():
+        if trace.robot not in skills:
+            raise ConfigError("lrtrace.yaml", f"trace {trace.id}.robot", f"no skill model for {trace.robot!r}")
+    if args.workload in BUILTIN:
+        workload = generate(BUILTIN[args.workload], catalog, skills, args.seed)
+    else:
+        workload = load_workload(args.workload, catalog)
+    return skills, catalog, workload
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import load_profile
+    from timely_llm.evaluation.harness import run_bench
+
+    profile = load_profile(args.hw)
+    skills, catalog, workload = _load_inputs(args)
+    if args.max_batch is not None and args.max_batch < 1:
+        raise ConfigError("--max-batch", "max_batch", "must be >= 1")
+    result = run_bench(workload, args.policy, profile, skills, catalog, args.seed, args.max_batch)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    _print_summary(result)
+    return 0
+
+
+def _print_summary(result: dict) -> None:
+    print(f"{result['policy']} on {result['workload']} ({result['hw']}, seed {result['seed']}):")
+    for category, s in result["summary"].items():
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+        print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
+              f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s")
+
+
+def _add_workload(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skill-models", nargs="*", default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_workload)
+
+
+def _workload(args: argparse.Namespace) -> int:
+    _, _, workload = _load_inputs(args)
+    Path(args.out).write_text(json.dumps(workload.to_json(), indent=1))
+    print(f"{len(workload.requests)} requests -> {args.out}")
+    return 0
+
+
+def _add_plot(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", nargs="+")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(run=_plot)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.plots import plot_results
+
+    results = []
+    for path in args.results:
+        try:
+            results.append(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(path, "<file>", f"cannot read result JSON: {exc}") from exc
+    for f in plot_results(results, Path(args.out)):
+        print(f)
+    return 0
+
+
+def _add_sched(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 6, 8, 100, 1000, 10000])
+    p.add_argument("--repeat", type=int, default=200)
+    p.set_defaults(run=_sched)
+
+
+def _sched(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.sched_overhead import measure
+
+    print("queue_length  us_per_decision")
+    for size, seconds in measure(args.sizes, args.repeat):
+        print(f"{size:12d}  {seconds * 1e6:15.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

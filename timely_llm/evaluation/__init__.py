@@ -1,0 +1,1 @@
+"""Benchmark harness, metrics and plots."""

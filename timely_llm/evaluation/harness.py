@@ -1,0 +1,111 @@
+"""Runs a workload through the server on the simulator engine, with simulated robots.
+
+Simulated robots execute each dispatched segment after the network latency, once
+their previous segment is done, for a duration drawn from the skill models; they
+report completion back over the same latency. Durations are drawn from a random
+stream keyed by (seed, request, segment), so every policy sees the same robots.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from timely_llm.clock import VirtualClock
+from timely_llm.core.request import Request, Segment
+from timely_llm.core.skills import SkillModel
+from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.sim import SimEngine
+from timely_llm.evaluation.metrics import summarize
+from timely_llm.server import POLICIES, PlanRequest, Server, request_record
+from timely_llm.workloads.generator import Workload, WorkloadRequest
+from timely_llm.workloads.traces import TraceCatalog
+
+BENCH_POLICIES = (*POLICIES, "isolated")
+
+
+@dataclass
+class SimulatedRobots:
+    """Executes segments on the virtual clock and reports back through ``report``."""
+
+    skills: dict[str, SkillModel]
+    network_latency: float
+    seed: int
+    schedule: Callable[[float, Callable[[], None]], None]
+    report: Callable[..., None] = field(default=lambda *a, **k: None)
+    _lane_free: dict[str, float] = field(default_factory=dict)
+
+    def on_segment(self, request: Request, segment: Segment) -> None:
+        start = max(segment.gen_end + self.network_latency, self._lane_free.get(request.id, 0.0))
+        rng = random.Random(zlib.crc32(f"{self.seed}/{request.id}/{segment.index}".encode()))
+        end = start + request.robot.sample_exec_time(segment.text, rng)
+        self._lane_free[request.id] = end
+        self.schedule(end + self.network_latency,
+                      lambda: self.report(request.id, segment.index, start, end))
+
+
+class Simulation:
+    """Discrete-event driver: arrivals and robot reports interleaved with engine steps."""
+
+    def __init__(self, server: Server, clock: VirtualClock) -> None:
+        self.server = server
+        self.clock = clock
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def schedule(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), action))
+
+    def run(self) -> None:
+        while True:
+            while self._events and self._events[0][0] <= self.clock.now():
+                heapq.heappop(self._events)[2]()
+            if self.server.step():
+                continue
+            if not self._events:
+                return
+            self.clock.idle_until(self._events[0][0])
+
+
+def run_bench(workload: Workload, policy: str, profile: HardwareProfile, skills: dict[str, SkillModel],
+              catalog: TraceCatalog, seed: int = 0, max_batch: int | None = None) -> dict:
+    if policy not in BENCH_POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
+    if policy == "isolated":
+        records = [_run(workload, [r], "vllm-stream", profile, skills, catalog, seed, None)[0]
+                   for r in workload.requests]
+    else:
+        records = _run(workload, list(workload.requests), policy, profile, skills, catalog, seed, max_batch)
+    records.sort(key=lambda r: (r["arrival"], r["id"]))
+    return {
+        "policy": policy, "workload": workload.name, "hw": profile.name, "seed": seed,
+        "network_latency": workload.network_latency, "max_batch": max_batch,
+        "requests": records, "summary": summarize(records),
+    }
+
+
+def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, profile: HardwareProfile,
+         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None) -> list[dict]:
+    clock = VirtualClock()
+    engine = SimEngine(profile)
+    records: list[dict] = []
+    server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, max_batch,
+                    on_finish=lambda r: records.append(request_record(r)))
+    sim = Simulation(server, clock)
+    robots = SimulatedRobots(skills, workload.network_latency, seed, sim.schedule, server.segment_done)
+    server.on_segment = robots.on_segment
+    tokenizer = engine.tokenizer
+    for robot in sorted({catalog[r.trace].robot for r in requests}):
+        server.warm_prefix(tokenizer.encode(catalog.prompt_text(robot, "")))
+    for r in requests:
+        trace = catalog[r.trace]
+        plan = PlanRequest(r.id, r.agent, trace.robot, tokenizer.encode(catalog.prompt_text(trace.robot, trace.prompt)),
+                           r.tuf, trace.category, forced_ids=tokenizer.encode(trace.plan), trace=trace.id,
+                           arrival=r.arrival)
+        sim.schedule(max(r.arrival, clock.now()), lambda plan=plan: server.submit(plan))
+    sim.run()
+    return records

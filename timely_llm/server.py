@@ -1,0 +1,324 @@
+"""The server loop: joins the queue, the batch controller, the segmenter and an engine.
+
+One loop serves every engine and every policy. Each ``step()`` is a scheduling
+point: priorities are re-evaluated, admissible generations join the batch, the
+engine runs one iteration, new text is segmented, and each finished segment is
+dispatched (``on_segment``) and, under segmented policies, its generation
+suspended and queued again. A request ends (``on_finish``) once its plan is
+generated and the robot has reported every segment executed, or when it is
+aborted or canceled; no accepted request ends any other way.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from timely_llm.core.batch import BatchController
+from timely_llm.core.priority import make_policy
+from timely_llm.core.queue import GenerationQueue
+from timely_llm.core.request import Request, Segment, Status
+from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
+from timely_llm.core.skills import SkillModel
+from timely_llm.core.tuf import TUF
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, StepOutput
+from timely_llm.errors import RequestRejected
+
+
+@dataclass(frozen=True)
+class ServingPolicy:
+    name: str
+    priority: str
+    segmented: bool
+    """Suspend the generation after each segment and queue it again."""
+    streaming: bool
+    """Dispatch each segment as soon as it exists (otherwise the whole plan at the end)."""
+    adaptive_batch: bool
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        ServingPolicy("vllm", "fcfs", segmented=False, streaming=False, adaptive_batch=False),
+        ServingPolicy("vllm-stream", "fcfs", segmented=False, streaming=True, adaptive_batch=False),
+        ServingPolicy("fcfs", "fcfs", segmented=True, streaming=True, adaptive_batch=True),
+        ServingPolicy("edf", "edf", segmented=True, streaming=True, adaptive_batch=True),
+        ServingPolicy("timelyllm", "pud", segmented=True, streaming=True, adaptive_batch=True),
+    )
+}
+
+DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs, for the policies without adaptive batching
+
+
+@dataclass
+class PlanRequest:
+    """What a robot asks for; validated by ``Server.submit``."""
+
+    id: str
+    agent: str
+    robot: str
+    prompt_ids: list[int]
+    tuf: TUF
+    category: str = "normal"
+    max_new_tokens: int = 0
+    forced_ids: list[int] | None = None
+    trace: int | None = None
+    arrival: float | None = None
+    """When the request reached the server; defaults to the time of ``submit``."""
+
+
+class Server:
+    def __init__(self, engine: Engine, robots: dict[str, SkillModel], policy: ServingPolicy, clock,
+                 network_latency: float = 0.008, max_batch: int | None = None,
+                 default_max_new_tokens: int = 256,
+                 on_segment: Callable[[Request, Segment], None] | None = None,
+                 on_finish: Callable[[Request], None] | None = None) -> None:
+        self.engine = engine
+        self.robots = robots
+        self.policy = policy
+        self.clock = clock
+        self.network_latency = network_latency
+        self.default_max_new_tokens = default_max_new_tokens
+        self.queue = GenerationQueue(make_policy(policy.priority, network_latency))
+        if max_batch is None and not policy.adaptive_batch:
+            max_batch = DEFAULT_MAX_BATCH
+        self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency)
+        self.on_segment = on_segment or (lambda request, segment: None)
+        self.on_finish = on_finish or (lambda request: None)
+        self.requests: dict[str, Request] = {}
+        self.running: dict[str, Request] = {}
+        self.lock = threading.RLock()
+
+    # ----- called by robots and front ends (any thread) -----
+
+    def submit(self, plan: PlanRequest) -> Request:
+        with self.lock:
+            self._validate(plan)
+            robot = self.robots[plan.robot]
+            request = Request(
+                id=plan.id, agent=plan.agent, robot=robot, tuf=plan.tuf,
+                arrival=self.clock.now() if plan.arrival is None else plan.arrival,
+                prompt_ids=list(plan.prompt_ids), max_new_tokens=plan.max_new_tokens or self.default_max_new_tokens,
+                forced_ids=plan.forced_ids, category=plan.category, trace=plan.trace,
+                detok=IncrementalDetokenizer(self.engine.tokenizer.decode), segmenter=Segmenter(robot),
+            )
+            self.requests[request.id] = request
+            self.queue.push(request)
+        self.clock.wake()
+        return request
+
+    def segment_done(self, request_id: str, index: int, exec_start: float, exec_end: float,
+                     success: bool = True, reason: str = "") -> None:
+        """A robot reports that it executed segment ``index`` (times on the server's clock)."""
+        with self.lock:
+            request = self.requests.get(request_id)
+            if request is None or request.status.ended or index >= len(request.segments):
+                return
+            segment = request.segments[index]
+            segment.exec_start, segment.exec_end, segment.success = exec_start, exec_end, success
+            if not success:
+                self._end(request, Status.ABORTED, f"robot failed segment {index}: {reason or 'no reason given'}")
+                return
+            if index == len(request.segments) - 1:
+                self._set_prev_end(request, exec_end)
+            self._finish_if_done(request)
+        self.clock.wake()
+
+    def cancel(self, request_id: str, reason: str = "canceled by client") -> bool:
+        with self.lock:
+            request = self.requests.get(request_id)
+            if request is None or request.status.ended:
+                return False
+            self._end(request, Status.CANCELED, reason)
+        self.clock.wake()
+        return True
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        """End a request the server cannot complete (e.g. its robot stopped answering)."""
+        with self.lock:
+            request = self.requests.get(request_id)
+            if request is None or request.status.ended:
+                return False
+            self._end(request, Status.ABORTED, reason)
+        return True
+
+    # ----- the loop -----
+
+    def has_work(self) -> bool:
+        with self.lock:
+            return bool(self.running) or len(self.queue) > 0
+
+    def step(self) -> bool:
+        """One scheduling point and engine iteration; False when there was nothing to run."""
+        with self.lock:
+            self._admit()
+            if not self.running:
+                return False
+            started = self.clock.now()
+            try:
+                out = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - an engine crash ends its requests, not the loop
+                for request in list(self.running.values()):
+                    self._end(request, Status.ABORTED, f"engine error: {exc}")
+                return True
+            self.clock.sleep_until(started + out.duration)
+            if out.duration > 0:
+                self.batch.record_step(out.duration)
+            self._process(out, self.clock.now())
+            return True
+
+    def warm_prefix(self, prompt_ids: list[int]) -> None:
+        """Prefill a shared prompt prefix once so requests find it in the prefix cache.
+
+        The paper's server keeps each robot's fixed prompt (skills, guidance, examples);
+        this puts its KV in the cache before the first request needs it.
+        """
+        gen_id = f"warm-{len(prompt_ids)}-{hash(tuple(prompt_ids)) & 0xFFFF:x}"
+        with self.lock:
+            self.engine.start(GenerationSpec(gen_id, list(prompt_ids), max_new_tokens=1, forced_ids=[]))
+            while True:
+                started = self.clock.now()
+                out = self.engine.step()
+                self.clock.sleep_until(started + out.duration)
+                if gen_id in out.finished or gen_id in out.failed:
+                    break
+            self.engine.release(gen_id)
+
+    # ----- internals -----
+
+    def _validate(self, plan: PlanRequest) -> None:
+        if not plan.id or plan.id in self.requests:
+            raise RequestRejected(f"request id {plan.id!r} is empty or already used")
+        if not plan.agent:
+            raise RequestRejected("agent id is empty")
+        if plan.robot not in self.robots:
+            raise RequestRejected(f"unknown robot type {plan.robot!r} (known: {', '.join(sorted(self.robots))})")
+        if not plan.prompt_ids:
+            raise RequestRejected("empty prompt")
+        if plan.max_new_tokens < 0:
+            raise RequestRejected(f"max_new_tokens must be >= 0, got {plan.max_new_tokens}")
+
+    def _admit(self) -> None:
+        now = self.clock.now()
+        while len(self.queue) > 0:
+            request = self.queue.best(now)
+            needed = self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
+            if not self.batch.admits(list(self.running.values()), now, self.engine.free_kv_blocks(), needed):
+                return
+            self.queue.remove(request.id)
+            self._start(request, now)
+
+    def _start(self, request: Request, now: float) -> None:
+        spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
+                              request.max_new_tokens, request.forced_ids)
+        try:
+            self.engine.start(spec)
+        except EngineRejected as exc:
+            self._end(request, Status.ABORTED, f"engine rejected the request: {exc}")
+            return
+        request.status = Status.RUNNING
+        if request.seg_gen_start is None:
+            request.seg_gen_start = now
+        self.running[request.id] = request
+
+    def _process(self, out: StepOutput, now: float) -> None:
+        for gen_id, info in out.started.items():
+            if gen_id in self.running:
+                self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
+        for gen_id, cause in out.failed.items():
+            if gen_id in self.running:
+                self._end(self.running[gen_id], Status.ABORTED, f"engine error: {cause}")
+        for gen_id in [*out.new_tokens, *(g for g in out.finished if g not in out.new_tokens)]:
+            request = self.running.get(gen_id)
+            if request is not None:
+                self._consume(request, out.new_tokens.get(gen_id, []), gen_id in out.finished, now)
+
+    def _consume(self, request: Request, tokens: list[int], finished: bool, now: float) -> None:
+        request.output_ids.extend(tokens)
+        request.seg_tokens += len(tokens)
+        text = request.detok.push(tokens) if tokens else ""
+        dispatched = False
+        if self.policy.streaming:
+            for piece in request.segmenter.feed(text):
+                self._dispatch(request, piece, now)
+                dispatched = True
+        else:
+            request.segmenter.hold(text)
+        if finished:
+            rest = request.segmenter.flush()
+            if rest.strip() or not request.segments:
+                self._dispatch(request, rest, now)
+            request.finished_generating = True
+            self._leave_engine(request)
+            request.status = Status.GENERATED
+            self._finish_if_done(request)
+        elif dispatched and self.policy.segmented:
+            self._leave_engine(request)
+            request.status = Status.SUSPENDED
+            request.seg_gen_start = None
+            self.queue.push(request)
+
+    def _dispatch(self, request: Request, text: str, now: float) -> None:
+        robot = request.robot
+        estimate = robot.min_exec_time(text)
+        arrives = now + self.network_latency
+        start_est = max(arrives, request.prev_end_est) if request.segments else arrives
+        cached, evicted = request.last_start_cache or (None, False)
+        segment = Segment(len(request.segments), text, robot.find_calls(text),
+                          gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
+                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted)
+        request.segments.append(segment)
+        request.prev_end_est = start_est + estimate
+        request.seg_tokens = 0
+        request.seg_gen_start = now
+        request.last_start_cache = None
+        self.on_segment(request, segment)
+
+    def _set_prev_end(self, request: Request, exec_end: float) -> None:
+        request.prev_end_est = exec_end
+        if request.id in self.queue:  # refresh its queue row: its priority depends on this
+            self.queue.remove(request.id)
+            self.queue.push(request)
+
+    def _leave_engine(self, request: Request) -> None:
+        if self.running.pop(request.id, None) is None:
+            return
+        if request.finished_generating or request.status.ended:
+            self.engine.release(request.id)
+        else:
+            self.engine.suspend(request.id)
+
+    def _finish_if_done(self, request: Request) -> None:
+        if request.finished_generating and all(s.exec_end is not None for s in request.segments):
+            self._end(request, Status.SUCCEEDED, "")
+
+    def _end(self, request: Request, status: Status, reason: str) -> None:
+        if request.id in self.queue:
+            self.queue.remove(request.id)
+        request.status = status
+        request.reason = reason
+        self._leave_engine(request)
+        self.on_finish(request)
+
+
+def request_record(request: Request) -> dict:
+    """The per-request record ``timely-llm bench`` writes (times in the server clock's seconds)."""
+    segments = request.segments
+    executed = [s for s in segments if s.exec_start is not None and s.exec_end is not None]
+    record = {
+        "id": request.id, "agent": request.agent, "trace": request.trace, "category": request.category,
+        "robot": request.robot.robot, "status": request.status.value, "reason": request.reason,
+        "arrival": request.arrival, "tuf": request.tuf.to_dict(),
+        "response_time": None, "waiting_time": None, "exec_time": None, "completion_time": None, "utility": None,
+        "plan": "".join(s.text for s in segments), "output_tokens": len(request.output_ids),
+        "segments": [s.to_dict() for s in segments],
+    }
+    if request.status is Status.SUCCEEDED and executed:
+        response = segments[0].exec_start - request.arrival
+        completion = segments[-1].exec_end - request.arrival
+        exec_time = math.fsum(s.exec_end - s.exec_start for s in segments)
+        record.update(response_time=response, completion_time=completion, exec_time=exec_time,
+                      waiting_time=completion - exec_time, utility=request.tuf(response))
+    return record
