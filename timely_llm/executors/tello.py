@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
 
 import djitellopy.tello as djitellopy_tello
 from djitellopy import Tello, TelloException
@@ -163,7 +162,7 @@ class TelloExecutor:
             self._tello.end()
             self._tello = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> TelloExecutor:
         self.connect()
         return self
 

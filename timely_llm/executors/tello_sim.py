@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Self
 
 DurationFunction = Callable[[str, float | None], float]
 """Seconds of simulated time a command takes, given its keyword and numeric argument."""
@@ -99,7 +98,7 @@ class TelloSimulator:
         with self._lock:
             return self._state
 
-    def start(self) -> Self:
+    def start(self) -> TelloSimulator:
         for thread in self._threads:
             thread.start()
         return self
@@ -111,7 +110,7 @@ class TelloSimulator:
                 thread.join()
         self._socket.close()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> TelloSimulator:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
