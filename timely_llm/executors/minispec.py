@@ -164,7 +164,7 @@ class _Parser:
 
     def program(self, closing: str | None = None) -> tuple[Statement, ...]:
         statements = []
-        while self.peek() is not None and not self.at(closing or ""):
+        while self.peek() is not None and not (closing and self.at(closing)):
             if self.at(";"):
                 self.take()
                 continue

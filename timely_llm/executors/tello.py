@@ -206,7 +206,7 @@ class TelloExecutor:
         try:
             method(*args)
         except TelloException as exc:
-            raise SkillFailed(f"{name}{args if args else ''} failed: {exc}") from exc
+            raise SkillFailed(f"{name}({', '.join(map(str, args))}) failed: {exc}") from exc
 
     def _delay(self, args: Sequence[Value]) -> None:
         time.sleep(number_arg("d", args, low=0) * self.time_scale)
