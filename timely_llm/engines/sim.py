@@ -98,10 +98,12 @@ class SimEngine(Engine):
         except OutOfBlocks:
             return None  # waits for memory; the batch controller normally prevents this
         gen.prefilled = True
-        full = (len(context) // self.block_size) * self.block_size
-        # Like vLLM, the last prompt token is always recomputed to produce logits.
+        # Like vLLM, the last token is always computed to produce logits, and the last sampled
+        # token of a suspended generation never had its KV written: only full blocks of the
+        # context before it can hit.
+        cacheable = ((len(context) - 1) // self.block_size) * self.block_size
         cached = min(cached, len(context) - 1)
-        return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < min(full, len(context) - 1))
+        return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < cacheable)
 
     def _grow(self, gen: _Generation, preempted: set[str]) -> bool:
         """Write the last token's KV; preempt the newest generation when no block is free."""

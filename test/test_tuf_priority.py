@@ -1,0 +1,101 @@
+"""TUF and priority arithmetic against hand-computed values."""
+
+import math
+
+import pytest
+
+from timely_llm.core.priority import EDF, FCFS, PUD
+from timely_llm.core.queue import GenerationQueue
+from timely_llm.core.request import Request, Segment
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
+
+TELLO = load_skill_models()["tello"]
+
+
+def test_tuf_values_by_hand():
+    tuf = TUF(ert=1.0, alpha=-2.0, beta=1.0)
+    assert tuf(0.3) == 1.0
+    assert tuf(1.0) == 1.0
+    assert tuf(1.25) == pytest.approx(0.5)
+    assert tuf(1.5) == pytest.approx(0.0)
+    assert tuf(2.0) == pytest.approx(-1.0)  # negative past the cut-off
+    assert tuf.cutoff == pytest.approx(1.5)
+    assert URGENT_TUF(0.5) == pytest.approx(2 - 6.67 * 0.3)
+
+
+def test_tuf1_has_zero_ert_and_inherits_slope():
+    tuf1 = URGENT_TUF.for_segment(3)
+    assert (tuf1.ert, tuf1.alpha, tuf1.beta) == (0.0, -6.67, 2.0)
+    assert tuf1(-0.4) == 2.0  # arriving early is worth beta
+    assert tuf1(0.1) == pytest.approx(2 - 0.667)
+    assert URGENT_TUF.for_segment(0) is URGENT_TUF
+
+
+@pytest.mark.parametrize("ert,alpha,beta", [(math.nan, -1, 1), (1, math.inf, 1), (-1, -1, 1), (1, 0.5, 1), (1, -1, 0)])
+def test_tuf_rejects_invalid(ert, alpha, beta):
+    with pytest.raises(ValueError):
+        TUF(ert, alpha, beta)
+
+
+def _request(rid, arrival, tuf, prev_end=None):
+    r = Request(rid, "a", TELLO, tuf, arrival, [1, 2, 3], 64)
+    if prev_end is not None:
+        r.segments.append(Segment(0, "mf(50);", [], 0, 0, 2.0))
+        r.prev_end_est = prev_end
+    return r
+
+
+def _scores(policy, requests, now):
+    q = GenerationQueue(policy)
+    for r in requests:
+        q.push(r)
+    return dict(zip([r.id for r in requests], policy.scores(q._columns, now), strict=True))
+
+
+def test_pud_first_segment_by_hand():
+    # G = 0.09 (tello), network 0.008, now = 10.0, arrival 9.9.
+    # action start = 10.098; W = 0.198; urgent TUF(0.198) = 2 (before ERT 0.2)
+    # slack L = 9.9 + 0.2 - 10.098 = 0.002 -> floored at G = 0.09; Pri = 2 / (0.09 * 0.09)
+    urgent = _request("u", 9.9, URGENT_TUF)
+    # normal: W = 0.598 -> utility 1; L = 9.5 + 1 - 10.098 = 0.402; Pri = 1 / (0.09 * 0.402)
+    normal = _request("n", 9.5, NORMAL_TUF)
+    s = _scores(PUD(0.008), [urgent, normal], now=10.0)
+    assert s["u"] == pytest.approx(2 / (0.09 * 0.09))
+    assert s["n"] == pytest.approx(1 / (0.09 * 0.402))
+
+
+def test_pud_late_and_later_segments_by_hand():
+    # Late urgent request: W = 10.098 - 9.6 = 0.498 -> 2 - 6.67 * 0.298 = 0.01234
+    late = _request("late", 9.6, URGENT_TUF)
+    # Later segment, previous action ends at 12.0: W = 10.098 - 12 < 0 -> TUF_1 = beta = 1;
+    # L = 12 - 10.098 = 1.902 -> Pri = 1 / (0.09 * 1.902)
+    later = _request("later", 5.0, NORMAL_TUF, prev_end=12.0)
+    # Later segment already overdue by 0.2 s: W = 0.298 -> 1 - 2 * 0.298 = 0.404; L floored at G
+    overdue = _request("overdue", 5.0, NORMAL_TUF, prev_end=9.8)
+    s = _scores(PUD(0.008), [late, later, overdue], now=10.0)
+    assert s["late"] == pytest.approx((2 - 6.67 * 0.298) / (0.09 * 0.09))
+    assert s["later"] == pytest.approx(1 / (0.09 * 1.902))
+    assert s["overdue"] == pytest.approx((1 - 2 * 0.298) / (0.09 * 0.09))
+
+
+def test_edf_and_fcfs_keep_the_first_deadline_and_arrival():
+    a = _request("a", 1.0, NORMAL_TUF)  # deadline 2.0
+    b = _request("b", 1.5, URGENT_TUF, prev_end=50.0)  # deadline 1.7, even though suspended
+    assert _scores(EDF(), [a, b], 3.0) == {"a": -2.0, "b": pytest.approx(-1.7)}
+    assert _scores(FCFS(), [a, b], 3.0) == {"a": -1.0, "b": -1.5}
+
+
+def test_queue_fetch_reevaluates_with_time():
+    # At t=10 a fresh request (deadline 11, slack 0.902) outranks a suspended generation whose
+    # robot finishes at 12 (slack 1.902). At t=11.6 the fresh one is past its cut-off (utility
+    # 1 - 2 * 0.698 < 0) while the suspended one (slack 0.302) is now the one worth serving.
+    suspended = _request("s", 0.0, NORMAL_TUF, prev_end=12.0)
+    fresh = _request("f", 10.0, NORMAL_TUF)
+    q = GenerationQueue(PUD(0.008))
+    q.push(suspended)
+    q.push(fresh)
+    assert q.best(10.0).id == "f"
+    assert q.best(11.6).id == "s"
+    q.remove("s")
+    assert q.best(11.6).id == "f" and len(q) == 1
