@@ -1,7 +1,7 @@
 """The generated ROS 2 interfaces import and travel between two rclpy nodes.
 
-Needs the interfaces built by scripts/build_interfaces.sh and scripts/ros_env.sh sourced;
-skipped otherwise.
+Needs the interfaces built by scripts/build_interfaces.sh and scripts/ros_env.sh sourced
+(scripts/test.sh does both); without them the import fails rather than skipping.
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import rclpy
+import rclpy.context as rclpy_context
+import rclpy.executors as rclpy_executors
+import timely_llm_interfaces.action as interfaces_action
+import timely_llm_interfaces.msg as interfaces_msg
 
 pytestmark = pytest.mark.ros
-
-rclpy = pytest.importorskip("rclpy")
-rclpy_context = pytest.importorskip("rclpy.context")
-rclpy_executors = pytest.importorskip("rclpy.executors")
-interfaces_msg = pytest.importorskip("timely_llm_interfaces.msg")
-interfaces_action = pytest.importorskip("timely_llm_interfaces.action")
 
 RECEIVE_TIMEOUT_S = 15.0
 
