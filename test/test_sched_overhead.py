@@ -1,0 +1,58 @@
+"""Scheduling-overhead measurement: shape of the result, and that a decision picks the max of Eq. 4."""
+
+from __future__ import annotations
+
+import pytest
+
+from timely_llm.core.request import Request
+from timely_llm.core.skills import load_skill_models
+from timely_llm.evaluation.sched_overhead import NETWORK_LATENCY, NOW, build_queue, measure
+
+SKILLS = load_skill_models()
+
+
+def _eq4(r: Request, now: float, network: float = NETWORK_LATENCY) -> float:
+    """Eq. 4 written out per request: TUF_k(W) / (G * L), L floored at G."""
+    g = r.robot.segment_generation_time
+    start = now + g + network
+    if r.seg_index == 0:
+        utility = min(r.tuf.beta, r.tuf.alpha * (start - r.arrival - r.tuf.ert) + r.tuf.beta)
+        deadline = r.arrival + r.tuf.ert
+    else:
+        utility = min(r.tuf.beta, r.tuf.alpha * max(start - r.prev_end_est, 0.0) + r.tuf.beta)
+        deadline = r.prev_end_est
+    return utility / (g * max(deadline - start, g))
+
+
+def test_measure_returns_one_positive_time_per_size() -> None:
+    sizes = [1, 8, 300]
+    result = measure(sizes, repeat=3)
+    assert [n for n, _ in result] == sizes
+    assert all(seconds > 0 for _, seconds in result)
+
+
+def test_measure_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        measure([0], repeat=3)
+
+
+def test_queue_mixes_first_and_later_segments_of_both_urgencies() -> None:
+    requests = list(build_queue(200, SKILLS))
+    assert {r.seg_index == 0 for r in requests} == {True, False}
+    assert {r.category for r in requests} == {"urgent", "normal"}
+    assert {r.robot.robot for r in requests} == {"tello", "arm"}
+
+
+@pytest.mark.parametrize("size,seed", [(1, 0), (5, 1), (40, 2), (500, 3)])
+def test_decision_picks_the_max_pud_request(size: int, seed: int) -> None:
+    queue = build_queue(size, SKILLS, seed)
+    for now in (NOW - 1.0, NOW, NOW + 0.3, NOW + 2.0):
+        best = queue.best(now)
+        assert _eq4(best, now) == pytest.approx(max(_eq4(r, now) for r in queue))
+
+
+def test_decision_after_removals_still_picks_the_max() -> None:
+    queue = build_queue(30, SKILLS, seed=4)
+    for _ in range(10):
+        queue.remove(queue.best(NOW).id)
+        assert _eq4(queue.best(NOW), NOW) == pytest.approx(max(_eq4(r, NOW) for r in queue))
