@@ -247,10 +247,10 @@ class Server:
         else:
             request.segmenter.hold(text)
         if finished:
+            request.finished_generating = True  # before the last dispatch, so on_segment sees it
             rest = request.segmenter.flush()
             if rest.strip() or not request.segments:
                 self._dispatch(request, rest, now)
-            request.finished_generating = True
             self._leave_engine(request)
             request.status = Status.GENERATED
             self._finish_if_done(request)
