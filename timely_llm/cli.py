@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
+    _add_table(sub.add_parser("table", help="markdown table of bench results"))
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -103,14 +104,30 @@ def _add_plot(p: argparse.ArgumentParser) -> None:
 def _plot(args: argparse.Namespace) -> int:
     from timely_llm.evaluation.plots import plot_results
 
+    for f in plot_results(_read_results(args.results), Path(args.out)):
+        print(f)
+    return 0
+
+
+def _add_table(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", nargs="+")
+    p.set_defaults(run=_table)
+
+
+def _read_results(paths: list[str]) -> list[dict]:
     results = []
-    for path in args.results:
+    for path in paths:
         try:
             results.append(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(path, "<file>", f"cannot read result JSON: {exc}") from exc
-    for f in plot_results(results, Path(args.out)):
-        print(f)
+    return results
+
+
+def _table(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.metrics import markdown_table
+
+    print(markdown_table(_read_results(args.results)))
     return 0
 
 

@@ -24,3 +24,21 @@ def _summary(records: list[dict]) -> dict:
         values = [r[metric] for r in done]
         out[f"mean_{metric}"] = statistics.fmean(values) if values else None
     return out
+
+
+def markdown_table(results: list[dict]) -> str:
+    """One row per (workload, policy, category): mean utility, response and waiting time."""
+    lines = ["| workload | policy | category | n | utility | response (s) | waiting (s) |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for result in results:
+        for category, s in result["summary"].items():
+            if category == "all":
+                continue
+            cells = [_fmt(s[f"mean_{m}"]) for m in ("utility", "response_time", "waiting_time")]
+            lines.append(f"| {result['workload']} | {result['policy']} | {category} | {s['count']} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
