@@ -1,0 +1,102 @@
+"""The small interface every engine implements: the simulator and embedded vLLM.
+
+The server loop owns scheduling. An engine only runs the generations it is told
+to run, one iteration per ``step()``, and reports the token ids each produced.
+Suspending a generation keeps its context (KV cache where the engine can);
+starting it again with the tokens generated so far resumes it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class EngineRejected(Exception):
+    """The engine refuses a generation (too long for the context, invalid ids...)."""
+
+
+@dataclass
+class GenerationSpec:
+    """What the server asks an engine to run (first start or resume)."""
+
+    gen_id: str
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    """Tokens generated so far; non-empty on resume."""
+    max_new_tokens: int = 256
+    """Budget for the whole generation, counting ``output_ids``."""
+    forced_ids: list[int] | None = None
+    """A recorded plan to force-decode (trace replay); None lets the model decide."""
+
+
+@dataclass
+class ResumeInfo:
+    """How a (re)started generation's context was restored."""
+
+    context_tokens: int
+    """prompt + output tokens the engine had to hold for this start."""
+    cached_tokens: int
+    """Of those, how many were served from cache instead of prefilled."""
+    evicted: bool = False
+    """True when the generation's cached blocks had been evicted (or offloaded then lost)."""
+
+
+@dataclass
+class StepOutput:
+    """The outcome of one engine iteration."""
+
+    duration: float
+    """Seconds the iteration took: modelled by the simulator, measured for vLLM."""
+    new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    finished: dict[str, str] = field(default_factory=dict)
+    """gen_id -> reason ('eos' or 'length') for generations the engine ended itself."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """gen_id -> cause, for generations the engine could not run."""
+    started: dict[str, ResumeInfo] = field(default_factory=dict)
+    """gen_id -> cache report, for generations whose context was (re)built this step."""
+
+
+class Engine(ABC):
+    tokenizer: Tokenizer
+    block_size: int
+    """KV block size in tokens."""
+
+    @abstractmethod
+    def start(self, spec: GenerationSpec) -> None:
+        """Add a generation to the running set (first start or resume).
+
+        Raises EngineRejected when the engine cannot run it at all.
+        """
+
+    @abstractmethod
+    def suspend(self, gen_id: str) -> None:
+        """Stop decoding ``gen_id``; keep its context cached for a later resume."""
+
+    @abstractmethod
+    def release(self, gen_id: str) -> None:
+        """Forget ``gen_id`` (finished or canceled); its KV may be reused at once."""
+
+    @abstractmethod
+    def step(self) -> StepOutput:
+        """Run one iteration over the running generations."""
+
+    @abstractmethod
+    def free_kv_blocks(self) -> int:
+        """KV blocks available for new work now (cached-but-idle blocks count as free)."""
+
+    @abstractmethod
+    def blocks_for(self, num_tokens: int) -> int:
+        """KV blocks a context of ``num_tokens`` occupies."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release engine resources."""
