@@ -294,7 +294,7 @@ class TimelyLlmNode(Node):
         self.get_logger().info(f"request {record.get('id', '?')} {status} {record['reason']}".rstrip())
         return RequestPlan.Result(
             status=status, reason=record["reason"], plan=record["plan"], num_segments=len(record["segments"]),
-            **{k: _or_nan(record.get(k)) for k in ("response_time", "waiting_time", "utility")})
+            **{k: _float_or_nan(record.get(k)) for k in ("response_time", "waiting_time", "utility")})
 
     # ----- robots and watchdog -----
 
@@ -337,12 +337,12 @@ def segment_message(request: Request, segment: Segment) -> SegmentMsg:
     return SegmentMsg(
         request_id=request.id, agent_id=request.agent, index=segment.index, text=segment.text,
         skills=[SkillCall(name=c.name, args=list(c.args)) for c in segment.calls],
-        estimated_exec_time=segment.est_exec_time, gen_start=segment.gen_start, gen_end=segment.gen_end,
-        dispatch_time=segment.gen_end, final=request.finished_generating)
+        estimated_exec_time=float(segment.est_exec_time), gen_start=float(segment.gen_start),
+        gen_end=float(segment.gen_end), dispatch_time=float(segment.gen_end), final=request.finished_generating)
 
 
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else value
+def _float_or_nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def main(args: list[str] | None = None) -> None:

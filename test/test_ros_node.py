@@ -1,0 +1,206 @@
+"""The timely_llm_server node and robot clients over real rclpy and Fast DDS, on the sim engine.
+
+Needs the interfaces built by scripts/build_interfaces.sh and scripts/ros_env.sh sourced;
+skipped otherwise. Every test gets a ROS domain of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+pytestmark = pytest.mark.ros
+
+rclpy = pytest.importorskip("rclpy")
+interfaces_action = pytest.importorskip("timely_llm_interfaces.action")
+
+from rclpy.node import Node  # noqa: E402
+
+from timely_llm.core.skills import load_skill_models  # noqa: E402
+from timely_llm.core.tuf import TUF  # noqa: E402
+from timely_llm.engines.hardware import load_profile  # noqa: E402
+from timely_llm.engines.sim_tokenizer import SimTokenizer  # noqa: E402
+from timely_llm.errors import RequestRejected  # noqa: E402
+from timely_llm.evaluation.harness import run_bench  # noqa: E402
+from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node  # noqa: E402
+from timely_llm.ros.node import GoalRules, plan_from_goal  # noqa: E402
+from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome, tello_runner  # noqa: E402
+from timely_llm.workloads.generator import BUILTIN, generate  # noqa: E402
+from timely_llm.workloads.traces import load_catalog  # noqa: E402
+
+Goal = interfaces_action.RequestPlan.Goal
+RESULT_TIMEOUT_S = 60.0
+CATALOG = load_catalog()
+SKILLS = load_skill_models()
+_DOMAINS = itertools.count()
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    with ros_session(1 + (os.getpid() + next(_DOMAINS)) % 99) as ctx_exec:
+        yield ctx_exec
+
+
+@pytest.fixture
+def link(session: tuple) -> Iterator[PlanLink]:
+    context, executor = session
+    node = Node("test_robots", context=context)
+    executor.add_node(node)
+    yield PlanLink(node)
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+@pytest.fixture
+def robots(link: PlanLink) -> Iterator[Callable[..., RobotClient]]:
+    made: list[RobotClient] = []
+
+    def make(agent: str, robot: str = "tello", runner: Callable | None = None, report: bool = True) -> RobotClient:
+        made.append(RobotClient(link, agent, robot, runner or SimulatedSkills(SKILLS[robot], time_scale=0.2), report))
+        return made[-1]
+
+    yield make
+    for robot in made:
+        robot.close()
+
+
+def ask(robot: RobotClient, trace_id: int, tuf: TUF | None = None, **kwargs: object) -> TaskOutcome:
+    return robot.request(CATALOG[trace_id].prompt, tuf, trace_id, **kwargs)
+
+
+# ----- goal validation (pure) -----
+
+RULES = GoalRules(set(SKILLS), CATALOG, SimTokenizer().encode, 1536,
+                  {c: TUF(1.0, -2.0, 1.0) for c in ("normal", "urgent", "arm")}, trace_required=True)
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"task": "  "}, "empty task"),
+    ({"robot_type": "submarine"}, "unknown robot type"),
+    ({"tuf_ert": math.nan}, "finite"),
+    ({"tuf_alpha": 0.5}, "alpha"),
+    ({"tuf_beta": -1.0}, "beta"),
+    ({"tuf_ert": -1.0}, "ert"),
+    ({"trace_id": 0}, "trace_id"),
+    ({"trace_id": 9}, "robot 'arm'"),
+])
+def test_malformed_goals_are_refused_with_a_reason(change: dict, reason: str) -> None:
+    fields = {"agent_id": "d1", "robot_type": "tello", "task": "find the cat", "trace_id": 1,
+              "tuf_ert": 1.0, "tuf_alpha": -2.0, "tuf_beta": 1.0} | change
+    with pytest.raises(RequestRejected, match=reason):
+        plan_from_goal(Goal(**fields), "r1", RULES)
+
+
+def test_oversized_prompt_is_refused_and_zero_tuf_takes_the_default() -> None:
+    goal = Goal(agent_id="d1", robot_type="tello", task="find the cat", trace_id=6)
+    plan = plan_from_goal(goal, "r1", RULES)
+    assert plan.category == "urgent" and plan.tuf == TUF(1.0, -2.0, 1.0) and plan.forced_ids
+
+    small = GoalRules(RULES.robots, CATALOG, RULES.encode, 10, RULES.default_tufs, True)
+    with pytest.raises(RequestRejected, match="max_prompt_tokens"):
+        plan_from_goal(goal, "r1", small)
+
+
+# ----- over ROS 2 -----
+
+def test_malformed_goal_is_rejected_at_goal_time(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0]):
+        outcome = robots("d1").request("", None, 1).wait(RESULT_TIMEOUT_S)
+    assert not outcome.accepted and outcome.status == "rejected"
+
+
+def test_segments_arrive_in_order_as_feedback_before_the_result(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0]):
+        outcome = ask(robots("d1"), 2).wait(RESULT_TIMEOUT_S)
+
+    assert outcome.status == "succeeded", outcome.result.reason
+    assert [s.index for s in outcome.segments] == list(range(outcome.result.num_segments))
+    assert outcome.result.num_segments >= 2 and outcome.result_after_segments
+    assert outcome.segments[-1].final
+    assert "".join(s.text for s in outcome.segments) == outcome.result.plan == CATALOG[2].plan
+    assert 0 <= outcome.result.response_time and 0 < outcome.result.utility <= 1.0
+
+
+def _urgent_wait(session: tuple, robots: Callable, policy: str) -> float:
+    """Seconds from sending an urgent goal, amid 12 arm plans generating, to its first segment."""
+    with server_node(session[1], session[0], policy=policy):
+        arms = [ask(robots(f"{policy}-arm{i}", "arm"), 9 + i % 3) for i in range(12)]
+        time.sleep(0.3)
+        urgent = ask(robots(f"{policy}-drone", "tello"), 6).wait(RESULT_TIMEOUT_S)
+        for arm in arms:
+            arm.wait(RESULT_TIMEOUT_S)
+    assert urgent.status == "succeeded"
+    return urgent.first_segment_at - urgent.sent
+
+
+def test_urgent_goal_gets_its_first_segment_sooner_than_under_vllm(session: tuple, robots: Callable) -> None:
+    timely = _urgent_wait(session, robots, "timelyllm")
+    vllm = _urgent_wait(session, robots, "vllm")
+    assert timely < 0.5 * vllm, (timely, vllm)
+
+
+def test_cancel_ends_the_goal_canceled_and_frees_the_generation(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0]) as node:
+        arm = robots("a1", "arm")
+        outcome = ask(arm, 11)
+        while not outcome.segments:
+            time.sleep(0.01)
+        arm.cancel(outcome)
+        outcome.wait(RESULT_TIMEOUT_S)
+        request = node.server.requests[outcome.segments[0].request_id]
+        assert outcome.status == "canceled" and request.status.value == "canceled"
+        assert request.id not in node.server.running and request.id not in node.server.queue
+        assert not request.finished_generating
+
+
+def test_a_silent_robot_is_aborted_by_the_watchdog_and_others_succeed(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], segment_timeout_factor=1.0, segment_timeout_margin=0.5):
+        silent = ask(robots("mute", report=False), 3)
+        others = [ask(robots(f"d{i}"), trace) for i, trace in enumerate((2, 7, 8))]
+        muted = silent.wait(RESULT_TIMEOUT_S)
+        results = [o.wait(RESULT_TIMEOUT_S) for o in others]
+    assert muted.status == "aborted" and "did not report segment 0" in muted.result.reason
+    assert [r.status for r in results] == ["succeeded"] * 3
+
+
+def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Callable) -> None:
+    from djitellopy import Tello
+
+    from timely_llm.executors.tello import TelloExecutor, use_client_ports
+    from timely_llm.executors.tello_sim import TelloSimulator
+
+    use_client_ports(_free_udp_port(), _free_udp_port())
+    with TelloSimulator(state_port=Tello.STATE_UDP_PORT, time_scale=0.01) as drone, \
+            TelloExecutor(drone.address, time_scale=0.01) as tello, server_node(session[1], session[0]):
+        tello.dispatch("takeoff", [])
+        outcome = ask(robots("tello-1", runner=tello_runner(tello)), 6).wait(RESULT_TIMEOUT_S)
+        commands = list(drone.commands)
+    assert outcome.status == "succeeded", outcome.result.reason
+    assert [c for c in commands if c.split()[0] in ("back", "up", "forward")] == ["back 80", "up 60", "forward 100"]
+
+
+def test_wid1_replay_over_ros_matches_the_bench(session: tuple) -> None:
+    workload = cut(generate(BUILTIN["WID1"], CATALOG, SKILLS, seed=0), 35.0)
+    assert 6 <= len(workload.requests)
+    bench = run_bench(workload, "timelyllm", load_profile("rtx4090-llama3-8b"), SKILLS, CATALOG, seed=0)
+    with server_node(session[1], session[0]):
+        ros = fleet_result(workload, run_fleet(workload, CATALOG, SKILLS, session[1], session[0], 0), "timelyllm", 0)
+    print({"bench": bench["summary"], "ros": ros["summary"]})
+    for category, expected in bench["summary"].items():
+        got = ros["summary"][category]
+        assert got["succeeded"] == expected["succeeded"] == expected["count"]
+        for metric in ("mean_utility", "mean_response_time", "mean_waiting_time"):
+            assert got[metric] == pytest.approx(expected[metric], rel=0.10), (category, metric)
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]

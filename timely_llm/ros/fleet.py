@@ -1,0 +1,120 @@
+"""Replays a workload through real robot clients over ROS 2, in wall-clock time.
+
+Each agent of the workload is a :class:`RobotClient` executing its segments with
+:class:`SimulatedSkills` (the bench harness's execution-time draws), so a replay
+against the node on the sim engine is comparable with ``timely-llm bench``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+import rclpy
+from rclpy.context import Context
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+
+from timely_llm.core.skills import SkillModel
+from timely_llm.evaluation.metrics import summarize
+from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
+from timely_llm.workloads.generator import Workload
+from timely_llm.workloads.traces import TraceCatalog
+
+EXECUTOR_THREADS = 64
+"""Each goal being served holds an executor thread for its whole life, so there must be plenty."""
+RESULT_GRACE_S = 120.0
+
+
+@contextmanager
+def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor]]:
+    """An rclpy context on ``domain_id`` with a multi-threaded executor spinning in a thread."""
+    context = Context()
+    rclpy.init(context=context, domain_id=domain_id)
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        yield context, executor
+    finally:
+        executor.shutdown()
+        rclpy.try_shutdown(context=context)
+        spinner.join()
+
+
+@contextmanager
+def server_node(executor: MultiThreadedExecutor, context: Context, **params: object) -> Iterator:
+    """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``."""
+    from timely_llm.ros.node import TimelyLlmNode
+
+    node = TimelyLlmNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+    executor.add_node(node)
+    try:
+        yield node
+    finally:
+        executor.remove_node(node)
+        node.shutdown()
+        node.destroy_node()
+
+
+def cut(workload: Workload, duration: float | None) -> Workload:
+    """The workload's requests arriving in its first ``duration`` seconds (all if None)."""
+    if duration is None:
+        return workload
+    return replace(workload, requests=tuple(r for r in workload.requests if r.arrival < duration))
+
+
+def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
+              context: Context, seed: int = 0) -> list[dict]:
+    """Send every request at its arrival time from its agent's robot client; the per-request records."""
+    node = Node("timely_llm_fleet", context=context)
+    executor.add_node(node)
+    link = PlanLink(node)
+    robots = {r.agent: RobotClient(link, r.agent, catalog[r.trace].robot,
+                                   SimulatedSkills(skills[catalog[r.trace].robot], seed)) for r in workload.requests}
+    try:
+        if not link.wait_for_server():
+            raise RuntimeError("no timely_llm_server answers on request_plan")
+        sent = _replay(workload, catalog, robots)
+        deadline = time.monotonic() + RESULT_GRACE_S
+        return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog) for req, outcome in sent]
+    finally:
+        for robot in robots.values():
+            robot.close()
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient]) -> list:
+    start = time.monotonic()
+    sent = []
+    for r in workload.requests:
+        time.sleep(max(0.0, start + r.arrival - time.monotonic()))
+        trace = catalog[r.trace]
+        sent.append((r, robots[r.agent].request(trace.prompt, r.tuf, trace.id, label=r.id)))
+    return sent
+
+
+def _record(request, outcome: TaskOutcome, catalog: TraceCatalog) -> dict:  # noqa: ANN001 - WorkloadRequest
+    result = outcome.result
+    record = {"id": request.id, "agent": request.agent, "trace": request.trace,
+              "category": catalog[request.trace].category, "arrival": request.arrival, "status": outcome.status,
+              "reason": result.reason if result else "goal rejected", "num_segments": len(outcome.segments)}
+    for key in ("response_time", "waiting_time", "utility"):
+        value = getattr(result, key) if result else math.nan
+        record[key] = value if math.isfinite(value) else None
+    waiting = record["waiting_time"]
+    record["completion_time"] = None if waiting is None else waiting + outcome.exec_time
+    return record
+
+
+def fleet_result(workload: Workload, records: list[dict], policy: str, seed: int) -> dict:
+    """Records and per-category summary in ``timely-llm bench``'s result layout."""
+    records.sort(key=lambda r: (r["arrival"], r["id"]))
+    return {"policy": policy, "workload": workload.name, "hw": "ros2", "seed": seed,
+            "network_latency": workload.network_latency, "requests": records, "summary": summarize(records)}

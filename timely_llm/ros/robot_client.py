@@ -1,0 +1,160 @@
+"""Robot side of ``timely_llm_server``: ask for a plan, execute its segments as they arrive, report each done.
+
+A :class:`RobotClient` is one robot. It sends ``RequestPlan`` goals with its TUF, runs
+every feedback segment through a :data:`SegmentRunner` on a worker thread of its own
+(segments of a plan run in order, one at a time) and publishes ``SegmentDone``.
+Several robots can share one node (see :class:`PlanLink`).
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from rclpy.action import ActionClient
+from rclpy.node import Node
+
+from timely_llm.core.skills import SkillModel
+from timely_llm.core.tuf import TUF
+from timely_llm.executors.arm import SimulatedArm
+from timely_llm.executors.base import SegmentResult, run_timed
+from timely_llm.executors.tello import TelloExecutor
+from timely_llm_interfaces.action import RequestPlan
+from timely_llm_interfaces.msg import Segment as SegmentMsg
+from timely_llm_interfaces.msg import SegmentDone
+
+SegmentRunner = Callable[[SegmentMsg, str], SegmentResult]
+"""Executes one segment of the task labelled ``label`` and says how it went."""
+
+
+@dataclass
+class SimulatedSkills:
+    """Sleeps each segment's execution time, drawn like the bench harness's robots draw it."""
+
+    model: SkillModel
+    seed: int = 0
+    time_scale: float = 1.0
+
+    def __call__(self, segment: SegmentMsg, label: str) -> SegmentResult:
+        rng = random.Random(zlib.crc32(f"{self.seed}/{label}/{segment.index}".encode()))
+        seconds = self.model.sample_exec_time(segment.text, rng) * self.time_scale
+        return run_timed(lambda: time.sleep(seconds))
+
+
+def tello_runner(tello: TelloExecutor) -> SegmentRunner:
+    """Fly each segment's MiniSpec on a connected Tello, continuing the plan across segments."""
+    return lambda segment, label: tello.execute_text(segment.text, segment.request_id, segment.final)
+
+
+def arm_runner(arm: SimulatedArm) -> SegmentRunner:
+    return lambda segment, label: arm.execute_calls([(c.name, list(c.args)) for c in segment.skills])
+
+
+@dataclass
+class TaskOutcome:
+    """One task as a robot saw it; ``result`` is None when the goal was rejected."""
+
+    label: str
+    sent: float
+    accepted: bool = False
+    result: RequestPlan.Result | None = None
+    segments: list[SegmentMsg] = field(default_factory=list)
+    """In the order they arrived."""
+    first_segment_at: float | None = None
+    """Monotonic time the first segment arrived."""
+    exec_time: float = 0.0
+    result_after_segments: bool = True
+    """False if the result came before every segment of the plan had arrived."""
+    goal_handle: object = None
+    finished: Future = field(default_factory=Future)
+
+    def wait(self, timeout_s: float | None = None) -> TaskOutcome:
+        """Block until the task ends (result or rejection)."""
+        return self.finished.result(timeout_s)
+
+    @property
+    def status(self) -> str:
+        return self.result.status if self.result is not None else "rejected"
+
+
+class PlanLink:
+    """A node's action client and ``SegmentDone`` publisher, shared by the robots on that node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.action = ActionClient(node, RequestPlan, "request_plan")
+        self.done_pub = node.create_publisher(SegmentDone, "segment_done", 100)
+
+    def wait_for_server(self, timeout_s: float = 30.0) -> bool:
+        return self.action.wait_for_server(timeout_sec=timeout_s)
+
+
+class RobotClient:
+    """One robot: requests plans and executes them; ``report=False`` makes a robot that never reports."""
+
+    def __init__(self, link: PlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,
+                 report: bool = True) -> None:
+        self.link = link
+        self.agent_id = agent_id
+        self.robot_type = robot_type
+        self.runner = runner
+        self.report = report
+        self._work: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._worker = threading.Thread(target=self._execute_loop, name=f"robot-{agent_id}", daemon=True)
+        self._worker.start()
+
+    def request(self, task: str, tuf: TUF | None = None, trace_id: int = 0, max_new_tokens: int = 0,
+                label: str = "") -> TaskOutcome:
+        """Send a goal (``tuf=None``: the server's default for its category); ``wait()`` on what it returns."""
+        ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
+        goal = RequestPlan.Goal(agent_id=self.agent_id, robot_type=self.robot_type, task=task, tuf_ert=ert,
+                                tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens, trace_id=trace_id)
+        outcome = TaskOutcome(label or self.agent_id, time.monotonic())
+        sent = self.link.action.send_goal_async(goal, feedback_callback=lambda fb: self._on_feedback(outcome, fb))
+        sent.add_done_callback(lambda f: self._on_response(outcome, f.result()))
+        return outcome
+
+    def cancel(self, outcome: TaskOutcome) -> None:
+        """Ask the server to cancel an accepted task; its result then says canceled."""
+        outcome.goal_handle.cancel_goal_async()
+
+    def close(self) -> None:
+        """Stop executing; a segment already running finishes unreported."""
+        self._stopping.set()
+        self._work.put(None)
+
+    def _on_response(self, outcome: TaskOutcome, goal_handle) -> None:  # noqa: ANN001 - ClientGoalHandle
+        outcome.goal_handle = goal_handle
+        outcome.accepted = goal_handle.accepted
+        if not goal_handle.accepted:
+            outcome.finished.set_result(outcome)
+            return
+        goal_handle.get_result_async().add_done_callback(lambda f: self._on_result(outcome, f.result()))
+
+    def _on_result(self, outcome: TaskOutcome, response) -> None:  # noqa: ANN001 - GetResult response
+        outcome.result = response.result
+        outcome.result_after_segments = len(outcome.segments) == response.result.num_segments
+        outcome.finished.set_result(outcome)
+
+    def _on_feedback(self, outcome: TaskOutcome, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
+        if outcome.first_segment_at is None:
+            outcome.first_segment_at = time.monotonic()
+        outcome.segments.append(feedback.feedback.segment)
+        self._work.put((outcome, feedback.feedback.segment))
+
+    def _execute_loop(self) -> None:
+        while (item := self._work.get()) is not None and not self._stopping.is_set():
+            outcome, segment = item
+            result = self.runner(segment, outcome.label)
+            outcome.exec_time += result.duration
+            if self.report and not self._stopping.is_set():
+                self.link.done_pub.publish(SegmentDone(
+                    agent_id=self.agent_id, request_id=segment.request_id, index=segment.index,
+                    duration=result.duration, success=result.success, reason=result.reason))
