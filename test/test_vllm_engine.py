@@ -20,7 +20,8 @@ ARM_PLAN = "goto('red_box');pick('red_box');goto('tray');drop('red_box');"
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmEngine]:
-    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0, max_num_seqs=16)
+    # A small cache (about 160 blocks) so that a test can evict from it.
+    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.02, max_num_seqs=16)
     yield eng
     eng.close()
 
@@ -80,9 +81,7 @@ def drive(engine: VllmEngine, specs: list[GenerationSpec], every: int = 0) -> Ru
 
 @pytest.fixture(scope="module")
 def prompts(engine: VllmEngine) -> list[list[int]]:
-    return [
-        corpus_prompt(engine, start, n) for start, n in [(0, 140), (40, 260), (90, 400)]
-    ]
+    return [corpus_prompt(engine, start, n) for start, n in [(0, 140), (40, 260), (90, 400)]]
 
 
 def test_model_depends_on_more_than_the_last_token(engine: VllmEngine) -> None:
@@ -90,38 +89,24 @@ def test_model_depends_on_more_than_the_last_token(engine: VllmEngine) -> None:
     tail = engine.tokenizer.encode(" Plan:")[1:]
     heads = ["Find a cat and go to it.", "Put the red_box on the tray."]
     specs = [
-        GenerationSpec(f"ctx{i}", engine.tokenizer.encode(h) + tail, max_new_tokens=12)
-        for i, h in enumerate(heads)
+        GenerationSpec(f"ctx{i}", engine.tokenizer.encode(h) + tail, max_new_tokens=12) for i, h in enumerate(heads)
     ]
     run = drive(engine, specs)
     assert run.outputs["ctx0"] != run.outputs["ctx1"]
 
 
 @pytest.mark.parametrize("every", [1, 3, 7])
-def test_segmenting_does_not_change_greedy_output(
-    engine: VllmEngine, prompts: list[list[int]], every: int
-) -> None:
-    specs = [
-        GenerationSpec(f"p{i}", p, max_new_tokens=30) for i, p in enumerate(prompts)
-    ]
+def test_segmenting_does_not_change_greedy_output(engine: VllmEngine, prompts: list[list[int]], every: int) -> None:
+    specs = [GenerationSpec(f"p{i}", p, max_new_tokens=30) for i, p in enumerate(prompts)]
     straight = drive(engine, specs)
-    segmented = drive(
-        engine, [replace(s, gen_id=f"{s.gen_id}-k{every}") for s in specs], every
-    )
+    segmented = drive(engine, [replace(s, gen_id=f"{s.gen_id}-k{every}") for s in specs], every)
     for spec in specs:
-        assert (
-            segmented.outputs[f"{spec.gen_id}-k{every}"]
-            == straight.outputs[spec.gen_id]
-        )
+        assert segmented.outputs[f"{spec.gen_id}-k{every}"] == straight.outputs[spec.gen_id]
     assert segmented.resumes, "no generation was resumed"
 
 
-def test_every_resume_hits_the_prefix_cache(
-    engine: VllmEngine, prompts: list[list[int]]
-) -> None:
-    specs = [
-        GenerationSpec(f"c{i}", p, max_new_tokens=40) for i, p in enumerate(prompts)
-    ]
+def test_every_resume_hits_the_prefix_cache(engine: VllmEngine, prompts: list[list[int]]) -> None:
+    specs = [GenerationSpec(f"c{i}", p, max_new_tokens=40) for i, p in enumerate(prompts)]
     run = drive(engine, specs, every=5)
     assert len(run.resumes) >= len(specs) * 6
     for info in run.resumes:
@@ -133,9 +118,7 @@ def test_every_resume_hits_the_prefix_cache(
 
 
 def test_resume_at_exact_block_multiple_reports_cache(engine: VllmEngine) -> None:
-    prompt = corpus_prompt(engine, 200, 2 * engine.block_size)[
-        : 2 * engine.block_size - 4
-    ]
+    prompt = corpus_prompt(engine, 200, 2 * engine.block_size)[: 2 * engine.block_size - 4]
     run = drive(engine, [GenerationSpec("edge", prompt, max_new_tokens=8)], every=4)
     edge = next(i for i in run.resumes if i.context_tokens == 2 * engine.block_size)
     assert edge.cached_tokens == engine.block_size
@@ -143,15 +126,11 @@ def test_resume_at_exact_block_multiple_reports_cache(engine: VllmEngine) -> Non
 
 
 @pytest.mark.parametrize("every", [0, 4])
-def test_forcing_reproduces_a_recorded_plan_then_eos(
-    engine: VllmEngine, prompts: list[list[int]], every: int
-) -> None:
+def test_forcing_reproduces_a_recorded_plan_then_eos(engine: VllmEngine, prompts: list[list[int]], every: int) -> None:
     tok = engine.tokenizer
     plans = {"drone": tok.encode(PLAN)[1:], "arm": tok.encode(ARM_PLAN)[1:]}
     specs = [
-        GenerationSpec(
-            f"force-{name}-{every}", prompts[0], max_new_tokens=64, forced_ids=ids
-        )
+        GenerationSpec(f"force-{name}-{every}", prompts[0], max_new_tokens=64, forced_ids=ids)
         for name, ids in plans.items()
     ]
     free = GenerationSpec(f"free-{every}", prompts[1], max_new_tokens=20)
@@ -183,16 +162,10 @@ def test_rejects_then_keeps_serving(
     assert run.finished["after-reject"] == "length"
 
 
-def test_free_kv_blocks_drop_while_running_and_recover_on_release(
-    engine: VllmEngine, prompts: list[list[int]]
-) -> None:
+def test_free_kv_blocks_drop_while_running_and_recover_on_release(engine: VllmEngine, prompts: list[list[int]]) -> None:
     idle = engine.free_kv_blocks()
     plan = engine.tokenizer.encode(PLAN * 12)[1:]
-    engine.start(
-        GenerationSpec(
-            "long", prompts[2], max_new_tokens=len(plan) + 1, forced_ids=plan
-        )
-    )
+    engine.start(GenerationSpec("long", prompts[2], max_new_tokens=len(plan) + 1, forced_ids=plan))
     generated = 0
     while generated < engine.block_size + 10:
         out = engine.step()
@@ -202,3 +175,25 @@ def test_free_kv_blocks_drop_while_running_and_recover_on_release(
     assert engine.free_kv_blocks() <= idle - held
     engine.release("long")
     assert engine.free_kv_blocks() == idle
+
+
+def test_resume_after_eviction_reports_it_and_recomputes(engine: VllmEngine, prompts: list[list[int]]) -> None:
+    victim = GenerationSpec("victim", prompts[1], max_new_tokens=12)
+    straight = drive(engine, [replace(victim, gen_id="victim-straight")])
+    engine.start(victim)
+    output: list[int] = []
+    while len(output) < 6:
+        output += engine.step().new_tokens.get("victim", [])
+    engine.suspend("victim")
+    # Distinct first tokens: no flood prompt shares a cached block with another.
+    # Only full blocks stay cached; vLLM hands out partial ones again first.
+    per_prompt = len(prompts[2]) // engine.block_size
+    floods = [
+        GenerationSpec(f"flood{i}", [10 + i, *prompts[2][1:]], max_new_tokens=1)
+        for i in range(engine.free_kv_blocks() // per_prompt + 4)
+    ]
+    drive(engine, floods)
+    resumed = drive(engine, [replace(victim, output_ids=output)])
+    assert resumed.resumes[0].evicted
+    assert resumed.resumes[0].cached_tokens < engine.block_size
+    assert resumed.outputs["victim"] == straight.outputs["victim-straight"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 
 from timely_llm.engines.base import (
@@ -72,6 +73,10 @@ class VllmEngine(Engine):
         """Create the engine in this process.
 
         ``model`` is a Hugging Face model directory; None uses the tiny random model.
+        ``kv_cache_gib`` sizes the KV cache on CPU and GPU alike (vLLM's
+        ``kv_cache_memory_bytes``); a ``VLLM_CPU_KVCACHE_SPACE`` set in the
+        environment still overrides it on CPU. ``kv_offloading_gib`` adds a host
+        memory tier for evicted KV blocks (GPU only).
         """
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,7 +109,7 @@ class VllmEngine(Engine):
         gen = _Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
         gen.request_id = f"{spec.gen_id}#{gen.starts}"
         try:
-            self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self))
+            self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id))
         except ValueError as exc:  # vLLM's own validation of the request
             raise EngineRejected(f"{spec.gen_id}: {exc}") from exc
         gen.starts += 1
@@ -155,21 +160,15 @@ class VllmEngine(Engine):
             raise EngineRejected(f"{spec.gen_id}: empty prompt")
         bad = [t for t in context if not 0 <= t < self._vocab_size]
         if bad:
-            raise EngineRejected(
-                f"{spec.gen_id}: token ids {bad[:5]} outside the vocabulary "
-                f"(size {self._vocab_size})"
-            )
+            raise EngineRejected(f"{spec.gen_id}: token ids {bad[:5]} outside the vocabulary (size {self._vocab_size})")
         room = self._max_model_len - len(context)
         if room <= 0:
             raise EngineRejected(
-                f"{spec.gen_id}: context of {len(context)} tokens does not fit "
-                f"max_model_len={self._max_model_len}"
+                f"{spec.gen_id}: context of {len(context)} tokens does not fit max_model_len={self._max_model_len}"
             )
         budget = spec.max_new_tokens - len(spec.output_ids)
         if budget <= 0:
-            raise EngineRejected(
-                f"{spec.gen_id}: token budget {spec.max_new_tokens} spent"
-            )
+            raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
         return min(budget, room)
 
     def _submit(
@@ -186,9 +185,7 @@ class VllmEngine(Engine):
             detokenize=False,
             extra_args={FORCED_KEY: forced} if forced is not None else None,
         )
-        self._engine.add_request(
-            request_id, TokensPrompt(prompt_token_ids=context), params
-        )
+        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params)
 
     def _stop_request(self, gen: _Generation) -> None:
         if gen.request_id is None:
@@ -248,16 +245,18 @@ def _model_args(model: str | Path | None) -> dict[str, Any]:
 def _offloading_args(gib: float | None) -> dict[str, Any]:
     if gib is None:
         return {}
-    names = {f.name for f in dataclasses.fields(EngineArgs)}
-    if "kv_offloading_size" not in names:
+    if current_platform.is_cpu():
         raise ValueError(
-            "this vLLM version has no host-memory KV offloading (kv_offloading_size)"
+            "KV offloading needs a GPU: vLLM's CPU build already keeps its KV cache "
+            "in host memory and refuses an offloading buffer"
         )
+    if "kv_offloading_size" not in {f.name for f in dataclasses.fields(EngineArgs)}:
+        raise ValueError("this vLLM version has no KV offloading (kv_offloading_size)")
     return {"kv_offloading_size": gib}
 
 
-def _forced_tail(spec: GenerationSpec, engine: VllmEngine) -> list[int] | None:
+def _forced_tail(spec: GenerationSpec, eos: int) -> list[int] | None:
     """The plan's ids not generated yet, then EOS; None when not forcing."""
     if spec.forced_ids is None:
         return None
-    return [*spec.forced_ids[len(spec.output_ids) :], engine.tokenizer.eos_token_id]
+    return [*spec.forced_ids[len(spec.output_ids) :], eos]
