@@ -29,9 +29,7 @@ def forced_ids_of(params: SamplingParams) -> list[int] | None:
 class ForcedTokensProcessor(LogitsProcessor):
     """Masks every logit but the forced one for requests that carry a plan."""
 
-    def __init__(
-        self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool
-    ) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         # batch index -> (forced ids, live reference to the request's output ids)
         self._reqs: dict[int, tuple[list[int], list[int]]] = {}
 

@@ -6,6 +6,8 @@ as safetensors. vLLM's ``load_format="dummy"`` is not used because it fills ever
 tensor, norms included, with values in +-1e-3. Attention then adds about 1e-5 of the
 residual stream, so the next token depends only on the last one, and a resume from
 a wrong KV cache would produce the same tokens as a correct one.
+Weights and config are float32, which keeps greedy argmax choices identical between
+prefill and decode kernels; vLLM must be asked for float32 explicitly on CPU.
 The directory is built once into a cache keyed by its inputs and is deterministic.
 """
 
@@ -25,32 +27,17 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 CORPUS = Path(__file__).with_name("tiny_corpus.txt")
 VOCAB_SIZE = 2000
 BOS, EOS = "<s>", "</s>"
-MAX_POSITIONS = 4096
 WEIGHT_SEED = 20240501
 
-_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "hidden_act": "silu",
-    "max_position_embeddings": MAX_POSITIONS,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    # float32 keeps greedy argmax stable between prefill and decode kernels.
-    "torch_dtype": "float32",
-}
+# Llama shape without the tokenizer-dependent fields (vocab size, BOS/EOS ids).
+_LLAMA_CONFIG = json.loads(Path(__file__).with_name("tiny").joinpath("config.json").read_text())
 
 
 def tiny_model_dir() -> Path:
     """Return the tiny model directory, building it on first use."""
     corpus = CORPUS.read_bytes()
-    inputs = json.dumps([_LLAMA_CONFIG, WEIGHT_SEED], sort_keys=True).encode()
+    # The builder's own source is part of the key: changing it rebuilds the model.
+    inputs = json.dumps(_LLAMA_CONFIG, sort_keys=True).encode() + Path(__file__).read_bytes()
     key = hashlib.sha256(corpus + inputs)
     target = _cache_root() / f"tiny-{key.hexdigest()[:12]}"
     if not (target / "config.json").exists():
@@ -88,16 +75,14 @@ def _write_model(out: Path, corpus: str) -> None:
     }
     _write_json(out / "config.json", config)
     save_file(random_weights(config), str(out / "model.safetensors"))
-    _write_json(
-        out / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos}
-    )
+    _write_json(out / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos})
     _write_json(
         out / "tokenizer_config.json",
         {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": BOS,
             "eos_token": EOS,
-            "model_max_length": MAX_POSITIONS,
+            "model_max_length": _LLAMA_CONFIG["max_position_embeddings"],
         },
     )
 
@@ -114,9 +99,7 @@ def train_tokenizer(corpus: str) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(corpus.splitlines(), trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
-    )
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))])
     return tok
 
 
