@@ -76,7 +76,8 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     executor.add_node(node)
     link = PlanLink(node)
     robots = {r.agent: RobotClient(link, r.agent, catalog[r.trace].robot,
-                                   SimulatedSkills(skills[catalog[r.trace].robot], seed)) for r in workload.requests}
+                                   SimulatedSkills(skills[catalog[r.trace].robot], seed),
+                                   network_delay=workload.network_latency) for r in workload.requests}
     try:
         if not link.wait_for_server():
             raise RuntimeError("no timely_llm_server answers on request_plan")

@@ -96,11 +96,16 @@ class PlanLink:
 
 
 class RobotClient:
-    """One robot: requests plans and executes them; ``report=False`` makes a robot that never reports."""
+    """One robot: requests plans and executes them; ``report=False`` makes a robot that never reports.
+
+    ``network_delay`` emulates a one-way network latency (on loopback DDS there is next to none):
+    a segment starts that long after it arrives, and its report leaves that long after it ends.
+    """
 
     def __init__(self, link: PlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,
-                 report: bool = True) -> None:
+                 report: bool = True, network_delay: float = 0.0) -> None:
         self.link = link
+        self.network_delay = network_delay
         self.agent_id = agent_id
         self.robot_type = robot_type
         self.runner = runner
@@ -147,14 +152,19 @@ class RobotClient:
         if outcome.first_segment_at is None:
             outcome.first_segment_at = time.monotonic()
         outcome.segments.append(feedback.feedback.segment)
-        self._work.put((outcome, feedback.feedback.segment))
+        self._work.put((outcome, feedback.feedback.segment, time.monotonic() + self.network_delay))
 
     def _execute_loop(self) -> None:
         while (item := self._work.get()) is not None and not self._stopping.is_set():
-            outcome, segment = item
+            outcome, segment, arrives = item
+            time.sleep(max(0.0, arrives - time.monotonic()))
             result = self.runner(segment, outcome.label)
             outcome.exec_time += result.duration
-            if self.report and not self._stopping.is_set():
-                self.link.done_pub.publish(SegmentDone(
-                    agent_id=self.agent_id, request_id=segment.request_id, index=segment.index,
-                    duration=result.duration, success=result.success, reason=result.reason))
+            if self.report:
+                report = SegmentDone(agent_id=self.agent_id, request_id=segment.request_id, index=segment.index,
+                                     duration=result.duration, success=result.success, reason=result.reason)
+                threading.Timer(self.network_delay, self._publish, (report,)).start()
+
+    def _publish(self, report: SegmentDone) -> None:
+        if not self._stopping.is_set():
+            self.link.done_pub.publish(report)
