@@ -157,6 +157,8 @@ def test_rejects_then_keeps_serving(
 ) -> None:
     with pytest.raises(EngineRejected, match=message):
         engine.start(GenerationSpec("bad", prompt))
+    with pytest.raises(EngineRejected, match="outside the vocabulary"):
+        engine.start(GenerationSpec("bad-plan", prompts[0], forced_ids=[5, -1]))
     run = drive(engine, [GenerationSpec("after-reject", prompts[0], max_new_tokens=5)])
     assert len(run.outputs["after-reject"]) == 5
     assert run.finished["after-reject"] == "length"

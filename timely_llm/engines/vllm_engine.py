@@ -158,7 +158,7 @@ class VllmEngine(Engine):
         """Validate a (re)start; return the token budget left for it."""
         if not spec.prompt_ids:
             raise EngineRejected(f"{spec.gen_id}: empty prompt")
-        bad = [t for t in context if not 0 <= t < self._vocab_size]
+        bad = [t for t in context + (spec.forced_ids or []) if not 0 <= t < self._vocab_size]
         if bad:
             raise EngineRejected(f"{spec.gen_id}: token ids {bad[:5]} outside the vocabulary (size {self._vocab_size})")
         room = self._max_model_len - len(context)
