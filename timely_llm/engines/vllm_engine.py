@@ -80,6 +80,9 @@ class VllmEngine(Engine):
         """
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # Model Runner V2 (the CUDA default since vLLM 0.25) takes logits processors
+        # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
         args = EngineArgs(
             **_model_args(model),
