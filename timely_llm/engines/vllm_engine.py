@@ -9,6 +9,7 @@ after a step that completed a segment, nothing past the boundary was generated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -191,11 +192,10 @@ class VllmEngine(Engine):
         self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params)
 
     def _stop_request(self, gen: _Generation) -> None:
-        if gen.request_id is None:
-            return
-        self._engine.abort_request([gen.request_id])
-        del self._by_request[gen.request_id]
-        gen.request_id = None
+        request_id, gen.request_id = gen.request_id, None
+        if request_id is not None:
+            del self._by_request[request_id]
+            self._engine.abort_request([request_id])
 
     def _record(self, gen: _Generation, out: Any, result: StepOutput) -> None:
         gen_id = gen.spec.gen_id
@@ -227,10 +227,9 @@ class VllmEngine(Engine):
         for gen in list(self._gens.values()):
             if gen.request_id is None:
                 continue
-            try:
+            result.failed[gen.spec.gen_id] = cause
+            with contextlib.suppress(Exception):  # vLLM may have lost the request already
                 self._stop_request(gen)
-            finally:
-                result.failed[gen.spec.gen_id] = cause
         return result
 
     def _block_pool(self) -> Any:
