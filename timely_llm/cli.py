@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
+    _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
+    _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
+    _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
     _add_table(sub.add_parser("table", help="markdown table of bench results"))
     args = parser.parse_args(argv)
     try:
@@ -143,6 +147,74 @@ def _sched(args: argparse.Namespace) -> int:
     print("queue_length  us_per_decision")
     for size, seconds in measure(args.sizes, args.repeat):
         print(f"{size:12d}  {seconds * 1e6:15.1f}")
+    return 0
+
+
+def _add_serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", help="ROS 2 parameters YAML file (e.g. config/timely_llm.yaml)")
+    p.add_argument("ros_args", nargs=argparse.REMAINDER, help="further ROS arguments (--ros-args ...)")
+    p.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from timely_llm.ros.node import main as serve
+
+    ros_args = list(args.ros_args)
+    if args.params:
+        ros_args += ([] if "--ros-args" in ros_args else ["--ros-args"]) + ["--params-file", args.params]
+    serve(["timely-llm", *ros_args])
+    return 0
+
+
+def _add_replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="WID1", help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=float, default=60.0, help="replay the requests arriving in the first S s")
+    p.add_argument("--skill-models", nargs="*", default=None)
+    p.add_argument("--domain-id", type=int, default=int(os.environ.get("ROS_DOMAIN_ID", "0")))
+
+
+def _add_fleet(p: argparse.ArgumentParser) -> None:
+    _add_replay_args(p)
+    p.add_argument("--out", help="write the records and summary as JSON")
+    p.set_defaults(run=_fleet)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet
+
+    skills, catalog, workload = _load_inputs(args)
+    workload = cut(workload, args.duration)
+    with ros_session(args.domain_id) as (context, executor):
+        records = run_fleet(workload, catalog, skills, executor, context, args.seed)
+    result = fleet_result(workload, records, "node's", args.seed)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    _print_summary(result)
+    return 0
+
+
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    from timely_llm.server import POLICIES
+
+    _add_replay_args(p)
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", help="compared against vllm")
+    p.set_defaults(run=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
+
+    skills, catalog, workload = _load_inputs(args)
+    workload = cut(workload, args.duration)
+    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine")
+    for policy in (args.policy, "vllm"):
+        with ros_session(args.domain_id) as (context, executor), \
+                server_node(executor, context, engine=args.engine, policy=policy,
+                            network_latency=workload.network_latency):
+            records = run_fleet(workload, catalog, skills, executor, context, args.seed)
+        _print_summary(fleet_result(workload, records, policy, args.seed))
     return 0
 
 

@@ -22,12 +22,11 @@ from rclpy.parameter import Parameter
 
 from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
+from timely_llm.ros.node import EXECUTOR_THREADS, TimelyLlmNode
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 
-EXECUTOR_THREADS = 64
-"""Each goal being served holds an executor thread for its whole life, so there must be plenty."""
 RESULT_GRACE_S = 120.0
 
 
@@ -50,8 +49,6 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 @contextmanager
 def server_node(executor: MultiThreadedExecutor, context: Context, **params: object) -> Iterator:
     """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``."""
-    from timely_llm.ros.node import TimelyLlmNode
-
     node = TimelyLlmNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
     executor.add_node(node)
     try:

@@ -38,6 +38,8 @@ from timely_llm_interfaces.msg import SegmentDone, ServerStatus, SkillCall
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1
 CATEGORIES = ("normal", "urgent", "arm")
+EXECUTOR_THREADS = 64
+"""Each goal being served holds an executor thread for its whole life, so there must be plenty."""
 
 PARAMETERS: dict[str, tuple[object, str]] = {
     "engine": ("sim", "sim (calibrated simulator, needs trace_id goals) or vllm"),
@@ -189,7 +191,8 @@ class TimelyLlmNode(Node):
         if policy not in POLICIES:
             raise ValueError(f"parameter policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.catalog = load_catalog()
-        skills = load_skill_models(self.get_parameter_or("skill_models", Parameter("", value=[])).value or None)
+        files = [f for f in self.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
+        skills = load_skill_models(files or None)
         server = Server(self._make_engine(), skills, POLICIES[policy], self.clock, self._param("network_latency"),
                         self._param("max_batch") or None, self._param("max_new_tokens"),
                         on_segment=self._on_segment, on_finish=self._on_finish)
@@ -349,7 +352,7 @@ def main(args: list[str] | None = None) -> None:
     """Run the node until interrupted; ``args`` are ROS arguments (e.g. ``--ros-args --params-file F``)."""
     rclpy.init(args=args)
     node = TimelyLlmNode()
-    executor = rclpy.executors.MultiThreadedExecutor()
+    executor = rclpy.executors.MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     executor.add_node(node)
     try:
         executor.spin()
