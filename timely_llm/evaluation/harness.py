@@ -15,9 +15,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from timely_llm.clock import VirtualClock
+from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.request import Request, Segment
 from timely_llm.core.skills import SkillModel
+from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.metrics import summarize
@@ -30,7 +31,7 @@ BENCH_POLICIES = (*POLICIES, "isolated")
 
 @dataclass
 class SimulatedRobots:
-    """Executes segments on the virtual clock and reports back through ``report``."""
+    """Executes segments on the server's clock and reports back through ``report``."""
 
     skills: dict[str, SkillModel]
     network_latency: float
@@ -51,7 +52,7 @@ class SimulatedRobots:
 class Simulation:
     """Discrete-event driver: arrivals and robot reports interleaved with engine steps."""
 
-    def __init__(self, server: Server, clock: VirtualClock) -> None:
+    def __init__(self, server: Server, clock: VirtualClock | WallClock) -> None:
         self.server = server
         self.clock = clock
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -71,27 +72,50 @@ class Simulation:
             self.clock.idle_until(self._events[0][0])
 
 
-def run_bench(workload: Workload, policy: str, profile: HardwareProfile, skills: dict[str, SkillModel],
-              catalog: TraceCatalog, seed: int = 0, max_batch: int | None = None) -> dict:
+@dataclass
+class EngineSetup:
+    """How a bench run gets its engine and clock: the simulator on a virtual clock (a fresh
+    engine per run), or one real engine on the wall clock (real step times, real waits)."""
+
+    name: str
+    new_engine: Callable[[], Engine]
+    new_clock: Callable[[], VirtualClock | WallClock]
+
+    @classmethod
+    def simulator(cls, profile: HardwareProfile) -> EngineSetup:
+        return cls(profile.name, lambda: SimEngine(profile), VirtualClock)
+
+    @classmethod
+    def real(cls, name: str, engine: Engine) -> EngineSetup:
+        return cls(name, lambda: engine, WallClock)
+
+
+def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,
+              skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
+              max_batch: int | None = None) -> dict:
     if policy not in BENCH_POLICIES:
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
+    if isinstance(setup, HardwareProfile):
+        setup = EngineSetup.simulator(setup)
     if policy == "isolated":
-        records = [_run(workload, [r], "vllm-stream", profile, skills, catalog, seed, None)[0]
+        if setup.new_clock is not VirtualClock:
+            raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
+        records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None)[0]
                    for r in workload.requests]
     else:
-        records = _run(workload, list(workload.requests), policy, profile, skills, catalog, seed, max_batch)
+        records = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed, max_batch)
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
-        "policy": policy, "workload": workload.name, "hw": profile.name, "seed": seed,
+        "policy": policy, "workload": workload.name, "hw": setup.name, "seed": seed,
         "network_latency": workload.network_latency, "max_batch": max_batch,
         "requests": records, "summary": summarize(records),
     }
 
 
-def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, profile: HardwareProfile,
+def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup: EngineSetup,
          skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None) -> list[dict]:
-    clock = VirtualClock()
-    engine = SimEngine(profile)
+    engine = setup.new_engine()
+    clock = setup.new_clock()
     records: list[dict] = []
     server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, max_batch,
                     on_finish=lambda r: records.append(request_record(r)))
@@ -101,11 +125,12 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, profi
     tokenizer = engine.tokenizer
     for robot in sorted({catalog[r.trace].robot for r in requests}):
         server.warm_prefix(tokenizer.encode(catalog.prompt_text(robot, "")))
+    origin = clock.now()  # arrivals count from here, after the warm-up
     for r in requests:
         trace = catalog[r.trace]
         plan = PlanRequest(r.id, r.agent, trace.robot, tokenizer.encode(catalog.prompt_text(trace.robot, trace.prompt)),
                            r.tuf, trace.category, forced_ids=tokenizer.encode(trace.plan), trace=trace.id,
-                           arrival=r.arrival)
-        sim.schedule(max(r.arrival, clock.now()), lambda plan=plan: server.submit(plan))
+                           arrival=origin + r.arrival)
+        sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
     sim.run()
     return records

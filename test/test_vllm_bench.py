@@ -1,0 +1,58 @@
+"""The server loop on the real engine: a replayed LRTrace workload, and profile fitting."""
+
+from collections.abc import Iterator
+
+import pytest
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.vllm_engine import VllmEngine
+from timely_llm.evaluation.harness import EngineSetup, run_bench
+from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
+from timely_llm.workloads.generator import WorkloadSpec, generate
+from timely_llm.workloads.traces import load_catalog
+
+pytestmark = pytest.mark.vllm
+
+SKILLS = load_skill_models()
+CATALOG = load_catalog()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VllmEngine]:
+    e = VllmEngine(max_model_len=2048, kv_cache_gib=0.5)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("policy", ["timelyllm", "vllm"])
+def test_replayed_workload_on_vllm_obeys_the_record_definitions(engine, policy):
+    from test_simulator import check_record
+
+    workload = generate(WorkloadSpec("short", 1.0, 3, (1, 6, 7, 9), 6, 4.0), CATALOG, SKILLS, seed=3)
+    result = run_bench(workload, policy, EngineSetup.real("vllm:tiny", engine), SKILLS, CATALOG, seed=3)
+    assert len(result["requests"]) == len(workload.requests) >= 3
+    for rec in result["requests"]:
+        check_record(rec, workload.network_latency)  # forced decoding reproduces each plan exactly
+    if policy == "timelyllm":
+        resumed = [s for r in result["requests"] for s in r["segments"][1:] if s["cached_tokens"] is not None]
+        assert resumed and all(s["cached_tokens"] >= engine.block_size and not s["evicted"] for s in resumed)
+
+
+def test_isolated_needs_the_simulator(engine):
+    workload = generate(WorkloadSpec("one", 1.0, 1, (6,), 1, 2.0), CATALOG, SKILLS, seed=0)
+    with pytest.raises(ValueError, match="simulator"):
+        run_bench(workload, "isolated", EngineSetup.real("vllm:tiny", engine), SKILLS, CATALOG)
+
+
+def test_profile_fit_recovers_a_known_model_and_runs_on_vllm(engine):
+    truth = load_profile("rtx4090-llama3-8b")
+    shapes = [([(n, n)], []) for n in (64, 256, 1024, 2048)] + [([], [c] * b) for b in (1, 4, 16) for c in (300, 900)]
+    samples = [(p, d, truth.step_time(p, d)) for p, d in shapes]
+    fitted = fit_profile(samples, "fit", truth.memory, truth.max_model_len)
+    for p, d, t in samples:
+        assert fitted.step_time(p, d) == pytest.approx(t, rel=1e-6)
+    measured = measure_steps(engine, [128, 512], [1, 4], decode_steps=3)
+    assert len(measured) == 2 + 2 * 3 and all(t > 0 for _, _, t in measured)
+    real = fit_profile(measured, "tiny-cpu", truth.memory, 2048)
+    assert all(v >= 0 for v in real.step.values()) and real.step_time([(512, 512)], []) > 0
