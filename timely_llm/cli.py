@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
     _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
     _add_table(sub.add_parser("table", help="markdown table of bench results"))
+    _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -33,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation.harness import BENCH_POLICIES
 
-    p.add_argument("--engine", choices=("sim",), default="sim")
-    p.add_argument("--hw", default="rtx4090-llama3-8b", help="hardware profile name or YAML file")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    p.add_argument("--hw", default="rtx4090-llama3-8b", help="simulator hardware profile name or YAML file")
+    p.add_argument("--model", default=None, help="vLLM: Hugging Face model directory (default: the tiny model)")
     p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
     p.add_argument("--policy", required=True, choices=BENCH_POLICIES)
     p.add_argument("--seed", type=int, default=0)
@@ -63,13 +65,19 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
 
 def _bench(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import load_profile
-    from timely_llm.evaluation.harness import run_bench
+    from timely_llm.evaluation.harness import EngineSetup, run_bench
 
     profile = load_profile(args.hw)
     skills, catalog, workload = _load_inputs(args)
     if args.max_batch is not None and args.max_batch < 1:
         raise ConfigError("--max-batch", "max_batch", "must be >= 1")
-    result = run_bench(workload, args.policy, profile, skills, catalog, args.seed, args.max_batch)
+    if args.engine == "vllm":
+        from timely_llm.engines.vllm_engine import VllmEngine
+
+        setup = EngineSetup.real(f"vllm:{args.model or 'tiny'}", VllmEngine(args.model, seed=args.seed))
+    else:
+        setup = EngineSetup.simulator(profile)
+    result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch)
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_summary(result)
     return 0
@@ -110,6 +118,31 @@ def _plot(args: argparse.Namespace) -> int:
 
     for f in plot_results(_read_results(args.results), Path(args.out)):
         print(f)
+    return 0
+
+
+def _add_profile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the tiny model)")
+    p.add_argument("--memory-from", default="rtx4090-llama3-8b", help="profile whose memory section is kept")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import load_profile, save_profile
+    from timely_llm.engines.vllm_engine import VllmEngine
+    from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
+
+    memory = load_profile(args.memory_from).memory
+    engine = VllmEngine(args.model, max_model_len=args.max_model_len)
+    lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < args.max_model_len - 8]
+    samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16])
+    engine.close()
+    profile = fit_profile(samples, Path(args.out).stem, memory, args.max_model_len)
+    save_profile(profile, args.out)
+    for term, value in profile.step.items():
+        print(f"{term:24s} {value:.3e}")
     return 0
 
 
