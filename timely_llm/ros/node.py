@@ -294,7 +294,8 @@ class TimelyLlmNode(Node):
             goal_handle.canceled()
         else:
             goal_handle.abort()
-        self.get_logger().info(f"request {record.get('id', '?')} {status} {record['reason']}".rstrip())
+        log = self.get_logger().debug if status == Status.SUCCEEDED.value else self.get_logger().info
+        log(f"request {record.get('id', '?')} {status} {record['reason']}".rstrip())
         return RequestPlan.Result(
             status=status, reason=record["reason"], plan=record["plan"], num_segments=len(record["segments"]),
             **{k: _float_or_nan(record.get(k)) for k in ("response_time", "waiting_time", "utility")})
