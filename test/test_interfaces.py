@@ -14,6 +14,7 @@ import pytest
 import rclpy
 import rclpy.context as rclpy_context
 import rclpy.executors as rclpy_executors
+
 import timely_llm_interfaces.action as interfaces_action
 import timely_llm_interfaces.msg as interfaces_msg
 

@@ -1,7 +1,8 @@
 """The timely_llm_server node and robot clients over real rclpy and Fast DDS, on the sim engine.
 
-Needs the interfaces built by scripts/build_interfaces.sh and scripts/ros_env.sh sourced;
-skipped otherwise. Every test gets a ROS domain of its own.
+Needs the interfaces built by scripts/build_interfaces.sh and scripts/ros_env.sh sourced
+(scripts/test.sh does both); without them the import fails rather than skipping.
+Every test gets a ROS domain of its own.
 """
 
 from __future__ import annotations
@@ -14,25 +15,22 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from rclpy.node import Node
+
+import timely_llm_interfaces.action as interfaces_action
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import TUF
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.sim_tokenizer import SimTokenizer
+from timely_llm.errors import RequestRejected
+from timely_llm.evaluation.harness import run_bench
+from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
+from timely_llm.ros.node import GoalRules, plan_from_goal
+from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome, tello_runner
+from timely_llm.workloads.generator import BUILTIN, generate
+from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
-
-rclpy = pytest.importorskip("rclpy")
-interfaces_action = pytest.importorskip("timely_llm_interfaces.action")
-
-from rclpy.node import Node  # noqa: E402
-
-from timely_llm.core.skills import load_skill_models  # noqa: E402
-from timely_llm.core.tuf import TUF  # noqa: E402
-from timely_llm.engines.hardware import load_profile  # noqa: E402
-from timely_llm.engines.sim_tokenizer import SimTokenizer  # noqa: E402
-from timely_llm.errors import RequestRejected  # noqa: E402
-from timely_llm.evaluation.harness import run_bench  # noqa: E402
-from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node  # noqa: E402
-from timely_llm.ros.node import GoalRules, plan_from_goal  # noqa: E402
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome, tello_runner  # noqa: E402
-from timely_llm.workloads.generator import BUILTIN, generate  # noqa: E402
-from timely_llm.workloads.traces import load_catalog  # noqa: E402
 
 Goal = interfaces_action.RequestPlan.Goal
 RESULT_TIMEOUT_S = 60.0

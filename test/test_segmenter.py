@@ -55,7 +55,8 @@ def test_no_segment_without_a_complete_call():
 
 
 def test_arm_calls_and_chatbot_sentences():
-    assert segment("arm", ["goto('red_", "box');pi", "ck('red_box');"]) == (["goto('red_box');", "pick('red_box');"], "")
+    pieces = ["goto('red_", "box');pi", "ck('red_box');"]
+    assert segment("arm", pieces) == (["goto('red_box');", "pick('red_box');"], "")
     text = "Hello there. The cup is on the left! Shall I fetch it? Yes"
     out, rest = segment("chatbot", list(text))
     assert out == ["Hello there. ", "The cup is on the left! ", "Shall I fetch it? "]

@@ -47,7 +47,8 @@ def check_record(rec, latency):
     assert rec["exec_time"] == pytest.approx(sum(s["exec_end"] - s["exec_start"] for s in segs))
     assert rec["waiting_time"] == pytest.approx(rec["completion_time"] - rec["exec_time"])
     tuf = rec["tuf"]
-    assert rec["utility"] == pytest.approx(min(tuf["beta"], tuf["alpha"] * (rec["response_time"] - tuf["ert"]) + tuf["beta"]))
+    expected = min(tuf["beta"], tuf["alpha"] * (rec["response_time"] - tuf["ert"]) + tuf["beta"])
+    assert rec["utility"] == pytest.approx(expected)
     assert "".join(s["text"] for s in segs) == CATALOG[rec["trace"]].plan
 
 
