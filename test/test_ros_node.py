@@ -126,9 +126,10 @@ def test_segments_arrive_in_order_as_feedback_before_the_result(session: tuple, 
     assert 0 <= outcome.result.response_time and 0 < outcome.result.utility <= 1.0
 
 
-def _urgent_wait(session: tuple, robots: Callable, policy: str) -> float:
+def _urgent_wait(session: tuple, link: PlanLink, robots: Callable, policy: str) -> float:
     """Seconds from sending an urgent goal, amid 12 arm plans generating, to its first segment."""
     with server_node(session[1], session[0], policy=policy):
+        assert link.wait_for_server()  # discovery time must not count as waiting
         arms = [ask(robots(f"{policy}-arm{i}", "arm"), 9 + i % 3) for i in range(12)]
         time.sleep(0.3)
         urgent = ask(robots(f"{policy}-drone", "tello"), 6).wait(RESULT_TIMEOUT_S)
@@ -138,9 +139,10 @@ def _urgent_wait(session: tuple, robots: Callable, policy: str) -> float:
     return urgent.first_segment_at - urgent.sent
 
 
-def test_urgent_goal_gets_its_first_segment_sooner_than_under_vllm(session: tuple, robots: Callable) -> None:
-    timely = _urgent_wait(session, robots, "timelyllm")
-    vllm = _urgent_wait(session, robots, "vllm")
+def test_urgent_goal_gets_its_first_segment_sooner_than_under_vllm(session: tuple, link: PlanLink,
+                                                                   robots: Callable) -> None:
+    timely = _urgent_wait(session, link, robots, "timelyllm")
+    vllm = _urgent_wait(session, link, robots, "vllm")
     assert timely < 0.5 * vllm, (timely, vllm)
 
 
@@ -168,14 +170,12 @@ def test_a_silent_robot_is_aborted_by_the_watchdog_and_others_succeed(session: t
     assert [r.status for r in results] == ["succeeded"] * 3
 
 
-def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Callable) -> None:
-    from djitellopy import Tello
-
-    from timely_llm.executors.tello import TelloExecutor, use_client_ports
+def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Callable,
+                                                 tello_client_ports: tuple[int, int]) -> None:
+    from timely_llm.executors.tello import TelloExecutor
     from timely_llm.executors.tello_sim import TelloSimulator
 
-    use_client_ports(_free_udp_port(), _free_udp_port())
-    with TelloSimulator(state_port=Tello.STATE_UDP_PORT, time_scale=0.01) as drone, \
+    with TelloSimulator(state_port=tello_client_ports[1], time_scale=0.01) as drone, \
             TelloExecutor(drone.address, time_scale=0.01) as tello, server_node(session[1], session[0]):
         tello.dispatch("takeoff", [])
         outcome = ask(robots("tello-1", runner=tello_runner(tello)), 6).wait(RESULT_TIMEOUT_S)

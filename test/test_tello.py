@@ -19,7 +19,6 @@ from timely_llm.executors.tello import (
     FakeScene,
     SceneObject,
     TelloExecutor,
-    use_client_ports,
 )
 from timely_llm.executors.tello_sim import (
     DroneState,
@@ -33,17 +32,9 @@ CAT_AHEAD = FakeScene({"cat": SceneObject(distance=120.0)})
 NO_CAT = FakeScene({})
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def client_ports() -> tuple[int, int]:
-    ports = (free_udp_port(), free_udp_port())
-    use_client_ports(*ports)
-    return Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT
+@pytest.fixture
+def client_ports(tello_client_ports: tuple[int, int]) -> tuple[int, int]:
+    return tello_client_ports
 
 
 @pytest.fixture

@@ -94,12 +94,13 @@ class Server:
     # ----- called by robots and front ends (any thread) -----
 
     def submit(self, plan: PlanRequest) -> Request:
+        arrival = self.clock.now() if plan.arrival is None else plan.arrival  # before waiting for the lock
         with self.lock:
             self._validate(plan)
             robot = self.robots[plan.robot]
             request = Request(
                 id=plan.id, agent=plan.agent, robot=robot, tuf=plan.tuf,
-                arrival=self.clock.now() if plan.arrival is None else plan.arrival,
+                arrival=arrival,
                 prompt_ids=list(plan.prompt_ids), max_new_tokens=plan.max_new_tokens or self.default_max_new_tokens,
                 forced_ids=plan.forced_ids, category=plan.category, trace=plan.trace,
                 detok=IncrementalDetokenizer(self.engine.tokenizer.decode), segmenter=Segmenter(robot),
@@ -163,11 +164,13 @@ class Server:
                 for request in list(self.running.values()):
                     self._end(request, Status.ABORTED, f"engine error: {exc}")
                 return True
-            self.clock.sleep_until(started + out.duration)
+        # A modelled step elapses without the lock, so requests and robot reports are not held up.
+        self.clock.sleep_until(started + out.duration)
+        with self.lock:
             if out.duration > 0:
                 self.batch.record_step(out.duration)
             self._process(out, self.clock.now())
-            return True
+        return True
 
     def warm_prefix(self, prompt_ids: list[int]) -> None:
         """Prefill a shared prompt prefix once so requests find it in the prefix cache.
