@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import yaml
+
 
 class ConfigError(ValueError):
     """A configuration, workload, trace or skill-model file is malformed."""
@@ -14,3 +19,16 @@ class ConfigError(ValueError):
 
 class RequestRejected(ValueError):
     """A plan request is malformed; nothing was queued."""
+
+
+def read_mapping(path: str | Path) -> dict:
+    """Parse a YAML or JSON file (by suffix) that must hold a mapping; ConfigError otherwise."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text) if Path(path).suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(source, "<file>", f"cannot read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(source, "<root>", "expected a mapping")
+    return data

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from timely_llm.errors import ConfigError
+from timely_llm.errors import ConfigError, read_mapping
 
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
 
@@ -140,12 +138,7 @@ def _split_args(raw: str) -> tuple[str, ...]:
 def load_skill_model(path: str | Path) -> SkillModel:
     """Load and validate one skill-model file; ConfigError names the file and field."""
     source = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(source, "<file>", f"cannot read YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(source, "<root>", "expected a mapping")
+    data = read_mapping(path)
     robot = _require(data, "robot", str, source)
     language = _require(data, "language", str, source)
     if language not in SEGMENT_LANGUAGES:

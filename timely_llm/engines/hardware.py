@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from timely_llm.errors import ConfigError
+from timely_llm.errors import ConfigError, read_mapping
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hw"
 STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_seq", "per_kv_token")
@@ -67,12 +67,7 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     if not path.is_file():
         shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
         raise ConfigError(source, "<file>", f"no such hardware profile (shipped: {', '.join(shipped)})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, "<file>", f"cannot parse YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(source, "<root>", "expected a mapping")
+    data = read_mapping(path)
     step = _numbers(data, "step", STEP_TERMS, source)
     memory = _numbers(data, "memory", MEMORY_TERMS, source)
     max_len = data.get("max_model_len")

@@ -8,7 +8,6 @@ policy; an event finding too few free agents gets fewer tasks.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
-from timely_llm.errors import ConfigError
+from timely_llm.errors import ConfigError, read_mapping
 from timely_llm.workloads.traces import TraceCatalog
 
 AGENT_GUARD = 5.0
@@ -94,12 +93,7 @@ def generate(spec: WorkloadSpec, catalog: TraceCatalog, robots: dict[str, SkillM
 def load_workload(path: str | Path, catalog: TraceCatalog) -> Workload:
     """Read a workload JSON file; ConfigError names the file and the bad field."""
     source = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(source, "<file>", f"cannot read JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(source, "<root>", "expected an object")
+    data = read_mapping(path)
     latency = data.get("network_latency", 0.008)
     if not _finite_number(latency) or latency < 0:
         raise ConfigError(source, "network_latency", "must be a number >= 0")

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from timely_llm.errors import ConfigError
+from timely_llm.errors import ConfigError, read_mapping
 
 CATALOG_PATH = Path(__file__).with_name("lrtrace.yaml")
 CATEGORIES = ("normal", "urgent", "arm")
@@ -41,11 +39,8 @@ class TraceCatalog:
 
 def load_catalog(path: str | Path = CATALOG_PATH) -> TraceCatalog:
     source = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(source, "<file>", f"cannot read YAML: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
+    data = read_mapping(path)
+    if not isinstance(data.get("tasks"), list):
         raise ConfigError(source, "tasks", "expected a list of tasks")
     prompts = data.get("system_prompts", {})
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
