@@ -202,3 +202,17 @@ def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("", 0))
         return probe.getsockname()[1]
+
+
+@pytest.mark.vllm
+def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], engine="vllm", kv_cache_gib=0.25):
+        sent = {trace: ask(robots(f"{robot}-{trace}", robot), trace) for trace, robot in
+                ((6, "tello"), (2, "tello"), (9, "arm"))}
+        outcomes = {trace: outcome.wait(RESULT_TIMEOUT_S) for trace, outcome in sent.items()}
+
+    for trace, outcome in outcomes.items():
+        assert outcome.status == "succeeded", (trace, outcome.result.reason)
+        assert [s.index for s in outcome.segments] == list(range(outcome.result.num_segments))
+        assert outcome.result_after_segments
+        assert "".join(s.text for s in outcome.segments) == outcome.result.plan == CATALOG[trace].plan

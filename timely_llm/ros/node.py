@@ -44,12 +44,14 @@ EXECUTOR_THREADS = 64
 PARAMETERS: dict[str, tuple[object, str]] = {
     "engine": ("sim", "sim (calibrated simulator, needs trace_id goals) or vllm"),
     "model": ("", "model directory for engine vllm; empty = the shipped tiny model"),
+    "max_model_len": (2048, "engine vllm: longest prompt + plan in tokens"),
+    "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB"),
     "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),
     "skill_models": (Parameter.Type.STRING_ARRAY, "skill-model YAML files; empty = the shipped ones"),
     "policy": ("timelyllm", f"serving policy: {', '.join(POLICIES)}"),
     "max_batch": (0, "maximum batch size; 0 = the policy's default"),
     "network_latency": (0.008, "one-way robot<->server latency in seconds"),
-    "max_prompt_tokens": (1536, "goals whose prompt is longer are rejected"),
+    "max_prompt_tokens": (1792, "goals whose prompt is longer are rejected (vllm: + max_new_tokens <= max_model_len)"),
     "max_new_tokens": (256, "default cap on a plan's tokens"),
     "segment_timeout_factor": (3.0, "a segment times out after factor x its estimated execution time ..."),
     "segment_timeout_margin": (5.0, "... plus this many seconds"),
@@ -178,7 +180,8 @@ class TimelyLlmNode(Node):
         if self._param("engine") == "vllm":
             from timely_llm.engines.vllm_engine import VllmEngine
 
-            return VllmEngine(self._param("model") or None)
+            return VllmEngine(self._param("model") or None, max_model_len=self._param("max_model_len"),
+                              kv_cache_gib=self._param("kv_cache_gib"))
         if self._param("engine") != "sim":
             raise ValueError(f"parameter engine must be sim or vllm, got {self._param('engine')!r}")
         from timely_llm.engines.hardware import load_profile
