@@ -29,6 +29,7 @@ from timely_llm.ros.node import GoalRules, plan_from_goal
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome, tello_runner
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
+from timely_llm_interfaces.msg import ServerStatus
 
 pytestmark = pytest.mark.ros
 
@@ -168,6 +169,36 @@ def test_a_silent_robot_is_aborted_by_the_watchdog_and_others_succeed(session: t
         results = [o.wait(RESULT_TIMEOUT_S) for o in others]
     assert muted.status == "aborted" and "did not report segment 0" in muted.result.reason
     assert [r.status for r in results] == ["succeeded"] * 3
+
+
+STATUS_PERIOD_S = 0.2
+
+
+def test_status_reports_queue_counts_and_per_category_utility(session: tuple, link: PlanLink,
+                                                               robots: Callable) -> None:
+    statuses: list[ServerStatus] = []
+    link.node.create_subscription(ServerStatus, "status", statuses.append, 100)
+    traces = {2: "tello", 6: "tello", 9: "arm"}
+    with server_node(session[1], session[0], status_period=STATUS_PERIOD_S):
+        outcomes = [ask(robots(f"s{trace}", robot), trace) for trace, robot in traces.items()]
+        results = [o.wait(RESULT_TIMEOUT_S) for o in outcomes]
+        time.sleep(3 * STATUS_PERIOD_S)
+
+    assert [r.status for r in results] == ["succeeded"] * 3
+    stamps = [m.stamp.sec + m.stamp.nanosec * 1e-9 for m in statuses]
+    gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
+    assert len(statuses) >= 5 and gaps[len(gaps) // 2] == pytest.approx(STATUS_PERIOD_S, abs=0.05)
+    assert {(m.policy, m.engine) for m in statuses} == {("timelyllm", "sim")}
+    for m in statuses:
+        assert m.suspended <= m.queue_length and m.queue_length + m.running + m.finished <= len(traces)
+        assert sum(m.count) == m.finished and len(m.categories) == len(m.mean_utility) == len(m.count)
+    assert [m.finished for m in statuses] == sorted(m.finished for m in statuses)
+    assert any(m.running for m in statuses)
+    last = statuses[-1]
+    assert last.finished == len(traces) and last.queue_length == last.running == 0
+    utilities = {CATALOG[t].category: r.result.utility for t, r in zip(traces, results, strict=True)}
+    assert list(last.categories) == sorted(utilities) and list(last.count) == [1, 1, 1]
+    assert list(last.mean_utility) == pytest.approx([utilities[c] for c in last.categories])
 
 
 def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Callable,
