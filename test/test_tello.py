@@ -283,3 +283,11 @@ def test_close_lands_the_drone(connect: Callable[[FakeScene], TelloExecutor], si
 def test_a_second_executor_for_the_same_drone_ip_is_refused(drone: TelloExecutor, sim: TelloSimulator) -> None:
     with pytest.raises(RuntimeError, match="another djitellopy Tello"):
         TelloExecutor(sim.address).connect()
+
+
+def test_auto_takeoff_takes_off_once_before_the_first_plan(connect: Callable, sim: TelloSimulator) -> None:
+    drone = connect(CAT_AHEAD)
+    drone.auto_takeoff = True
+    assert drone.execute_text("mf(50);", request_id="r1", final=True).success
+    assert drone.execute_text("mu(30);", request_id="r2", final=True).success
+    assert sim.commands[1:] == ["takeoff", "forward 50", "up 30"]

@@ -18,7 +18,7 @@ s sa p tp               vision: scan, scan_abstract, probe, take_picture
 =====  ===============  ===========================================
 
 ``takeoff`` and ``land`` are accepted by their full names too (TypeFly plans
-assume a drone already in the air).
+assume a drone already in the air; ``auto_takeoff`` takes off before a plan if it is not).
 
 djitellopy quirks this module works around (djitellopy 2.5.0):
 
@@ -127,11 +127,13 @@ class TelloExecutor:
     """One drone at ``address`` ((ip, command port)); use as a context manager or connect()/close()."""
 
     def __init__(self, address: tuple[str, int] = (Tello.TELLO_IP, 8889), vision: Vision | None = None,
-                 time_scale: float = 1.0) -> None:
+                 time_scale: float = 1.0, auto_takeoff: bool = False) -> None:
         self.address = address
         self.vision = vision or FakeScene()
         self.time_scale = time_scale
         """Multiplies ``d`` delays, to match a simulator's time_scale."""
+        self.auto_takeoff = auto_takeoff
+        """Take off before running a plan's text if the drone is on the ground (plans assume it flies)."""
         self.log: list[str] = []
         self._tello: Tello | None = None
         self._plans: dict[str, StreamedPlan] = {}
@@ -182,10 +184,19 @@ class TelloExecutor:
         as does a failure.
         """
         plan = self._plans.setdefault(request_id, StreamedPlan(self.dispatch))
-        result = run_timed(lambda: plan.feed(text, final).value)
+
+        def body() -> Value:
+            self._take_off_if_landed()
+            return plan.feed(text, final).value
+
+        result = run_timed(body)
         if final or not result.success:
             del self._plans[request_id]
         return result
+
+    def _take_off_if_landed(self) -> None:
+        if self.auto_takeoff and not self.tello.is_flying:
+            self.dispatch("takeoff", [])
 
     def dispatch(self, name: str, args: Sequence[Value]) -> Value:
         """Carry out one skill; SkillFailed with the reason if it cannot."""
