@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from timely_llm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from timely_llm.core.skills import SkillModel
+    from timely_llm.ros.robot_client import SegmentRunner
+    from timely_llm.workloads.generator import Workload
+    from timely_llm.workloads.traces import TraceCatalog
+
+DEFAULT_MAX_DRONES = 25
+DRONE_SEGMENT_TIMEOUT_MARGIN = 10.0
+"""A drone runs a conditional block when its closing ``}`` arrives, so that segment (estimated at ~0 s) takes
+the whole block: scan + goto is up to 6.6 s on the simulators, past the node's default 5 s margin."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,8 +221,38 @@ def _add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain-id", type=int, default=int(os.environ.get("ROS_DOMAIN_ID", "0")))
 
 
+def _add_robot_args(p: argparse.ArgumentParser, tello_sim: bool) -> None:
+    p.add_argument("--tello-sim", action=argparse.BooleanOptionalAction, default=tello_sim,
+                   help="fly drones on Tello simulators through djitellopy, arms on simulated arms "
+                        "(else every robot sleeps its skill-model times)")
+    p.add_argument("--max-drones", type=int, default=DEFAULT_MAX_DRONES,
+                   help="with --tello-sim: at most this many drones on simulators, the rest sleep their times")
+
+
+def _robots(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel],
+            ) -> AbstractContextManager[dict[str, SegmentRunner] | None]:
+    """The demo's or fleet's robot runners (None: SimulatedSkills for all), reporting what flies."""
+    from timely_llm.ros.fleet import fleet_agents
+    from timely_llm.ros.sim_robots import simulated_robots
+
+    agents = fleet_agents(workload, catalog)
+    if not args.tello_sim:
+        return contextlib.nullcontext(None)
+    drones = sum(robot == "tello" for robot in agents.values())
+    flown = min(drones, args.max_drones)
+    print(f"{flown} of {drones} drones fly Tello simulators through djitellopy"
+          f"{f' ({drones - flown} sleep their skill-model times)' if flown < drones else ''}; "
+          f"{sum(robot == 'arm' for robot in agents.values())} simulated arms")
+    return simulated_robots(agents, skills, catalog, args.seed, args.max_drones)
+
+
+def _watchdog(args: argparse.Namespace) -> dict[str, float]:
+    return {"segment_timeout_margin": DRONE_SEGMENT_TIMEOUT_MARGIN} if args.tello_sim else {}
+
+
 def _add_fleet(p: argparse.ArgumentParser) -> None:
     _add_replay_args(p)
+    _add_robot_args(p, tello_sim=False)
     p.add_argument("--out", help="write the records and summary as JSON")
     p.set_defaults(run=_fleet)
 
@@ -218,8 +262,8 @@ def _fleet(args: argparse.Namespace) -> int:
 
     skills, catalog, workload = _load_inputs(args)
     workload = cut(workload, args.duration)
-    with ros_session(args.domain_id) as (context, executor):
-        records = run_fleet(workload, catalog, skills, executor, context, args.seed)
+    with ros_session(args.domain_id) as (context, executor), _robots(args, workload, catalog, skills) as runners:
+        records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners)
     result = fleet_result(workload, records, "node's", args.seed)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -231,6 +275,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     from timely_llm.server import POLICIES
 
     _add_replay_args(p)
+    _add_robot_args(p, tello_sim=True)
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", help="compared against vllm")
     p.set_defaults(run=_demo)
@@ -245,8 +290,9 @@ def _demo(args: argparse.Namespace) -> int:
     for policy in (args.policy, "vllm"):
         with ros_session(args.domain_id) as (context, executor), \
                 server_node(executor, context, engine=args.engine, policy=policy,
-                            network_latency=workload.network_latency):
-            records = run_fleet(workload, catalog, skills, executor, context, args.seed)
+                            network_latency=workload.network_latency, **_watchdog(args)), \
+                _robots(args, workload, catalog, skills) as runners:
+            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners)
         _print_summary(fleet_result(workload, records, policy, args.seed))
     return 0
 

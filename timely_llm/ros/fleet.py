@@ -1,8 +1,9 @@
 """Replays a workload through real robot clients over ROS 2, in wall-clock time.
 
 Each agent of the workload is a :class:`RobotClient` executing its segments with
-:class:`SimulatedSkills` (the bench harness's execution-time draws), so a replay
-against the node on the sim engine is comparable with ``timely-llm bench``.
+:class:`SimulatedSkills` (the bench harness's execution-time draws) or a runner of
+``sim_robots`` (Tello simulators through djitellopy, simulated arms, timed alike), so a
+replay against the node on the sim engine is comparable with ``timely-llm bench``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rclpy.parameter import Parameter
 from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
 from timely_llm.ros.node import EXECUTOR_THREADS, TimelyLlmNode
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
+from timely_llm.ros.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -66,15 +67,24 @@ def cut(workload: Workload, duration: float | None) -> Workload:
     return replace(workload, requests=tuple(r for r in workload.requests if r.arrival < duration))
 
 
+def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
+    """The workload's agents and their robot types."""
+    return {r.agent: catalog[r.trace].robot for r in workload.requests}
+
+
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
-              context: Context, seed: int = 0) -> list[dict]:
-    """Send every request at its arrival time from its agent's robot client; the per-request records."""
+              context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None) -> list[dict]:
+    """Send every request at its arrival time from its agent's robot client; the per-request records.
+
+    ``runners`` executes each agent's segments (default: SimulatedSkills for all).
+    """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
     link = PlanLink(node)
-    robots = {r.agent: RobotClient(link, r.agent, catalog[r.trace].robot,
-                                   SimulatedSkills(skills[catalog[r.trace].robot], seed),
-                                   network_delay=workload.network_latency) for r in workload.requests}
+    agents = fleet_agents(workload, catalog)
+    runners = runners or {agent: SimulatedSkills(skills[robot], seed) for agent, robot in agents.items()}
+    robots = {agent: RobotClient(link, agent, robot, runners[agent], network_delay=workload.network_latency)
+              for agent, robot in agents.items()}
     try:
         if not link.wait_for_server():
             raise RuntimeError("no timely_llm_server answers on request_plan")

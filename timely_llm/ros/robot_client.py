@@ -42,9 +42,14 @@ class SimulatedSkills:
     time_scale: float = 1.0
 
     def __call__(self, segment: SegmentMsg, label: str) -> SegmentResult:
-        rng = random.Random(zlib.crc32(f"{self.seed}/{label}/{segment.index}".encode()))
+        rng = segment_rng(self.seed, label, segment.index)
         seconds = self.model.sample_exec_time(segment.text, rng) * self.time_scale
         return run_timed(lambda: time.sleep(seconds))
+
+
+def segment_rng(seed: int, label: str, index: int) -> random.Random:
+    """The generator execution times of segment ``index`` of task ``label`` are drawn from."""
+    return random.Random(zlib.crc32(f"{seed}/{label}/{index}".encode()))
 
 
 def tello_runner(tello: TelloExecutor) -> SegmentRunner:
