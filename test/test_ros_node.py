@@ -26,9 +26,18 @@ from timely_llm.errors import RequestRejected
 from timely_llm.evaluation.harness import run_bench
 from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
 from timely_llm.ros.node import GoalRules, plan_from_goal
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome, tello_runner
+from timely_llm.ros.robot_client import (
+    PlanLink,
+    RobotClient,
+    SimulatedSkills,
+    TaskOutcome,
+    segment_rng,
+    tello_runner,
+)
+from timely_llm.ros.sim_robots import SkillTimes, simulated_robots
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
+from timely_llm_interfaces.msg import Segment as SegmentMsg
 from timely_llm_interfaces.msg import ServerStatus
 
 pytestmark = pytest.mark.ros
@@ -213,6 +222,32 @@ def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Calla
         commands = list(drone.commands)
     assert outcome.status == "succeeded", outcome.result.reason
     assert [c for c in commands if c.split()[0] in ("back", "up", "forward")] == ["back 80", "up 60", "forward 100"]
+
+
+@pytest.mark.parametrize("trace", [1, 9])
+def test_skill_times_are_the_draws_simulated_skills_sleeps(trace: int) -> None:
+    model = SKILLS[CATALOG[trace].robot]
+    text = CATALOG[trace].plan
+    times = SkillTimes(model, seed=3)
+    times.draw(SegmentMsg(text=text, index=2), "r7")
+    used = sum(times.seconds(c.name, c.numeric_arg) for c in model.find_calls(text))
+    assert used == pytest.approx(model.sample_exec_time(text, segment_rng(3, "r7", 2)))
+
+
+def test_simulated_fleet_flies_djitellopy_drones_and_arms(session: tuple, robots: Callable,
+                                                          tello_client_ports: tuple[int, int]) -> None:
+    scale = 0.1
+    with simulated_robots({"drone-a": "tello", "drone-b": "tello", "arm-a": "arm"}, SKILLS, CATALOG,
+                          time_scale=scale) as runners, server_node(session[1], session[0]):
+        sent = [(trace, ask(robots(agent, CATALOG[trace].robot, runners[agent]), trace, label=f"t{trace}"))
+                for agent, trace in (("drone-a", 1), ("drone-b", 6), ("arm-a", 9))]
+        outcomes = [(trace, outcome.wait(RESULT_TIMEOUT_S)) for trace, outcome in sent]
+
+    for trace, outcome in outcomes:
+        assert outcome.status == "succeeded", (trace, outcome.result.reason)
+        drawn = SKILLS[CATALOG[trace].robot].sample_exec_time
+        expected = sum(drawn(s.text, segment_rng(0, f"t{trace}", s.index)) for s in outcome.segments) * scale
+        assert expected * 0.9 <= outcome.exec_time <= expected + 1.5, trace
 
 
 def test_wid1_replay_over_ros_matches_the_bench(session: tuple) -> None:

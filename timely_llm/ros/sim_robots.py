@@ -35,6 +35,7 @@ from timely_llm_interfaces.msg import Segment as SegmentMsg
 
 FIRST_DRONE_IP = ipaddress.IPv4Address("127.0.0.2")
 SCENE_DISTANCE_CM = 100.0
+TELLO_PORTS = (8889, 8890)
 _COMMAND_SKILLS = {"forward": "mf", "back": "mb", "left": "ml", "right": "mr", "up": "mu", "down": "md",
                    "cw": "tc", "ccw": "tu"}
 _VISION_ARGS = frozenset({"s", "iv", "g", "ox", "oy", "ow", "oh", "od"})
@@ -74,12 +75,15 @@ class SkillTimes:
 class SimulatedDrone:
     """A Tello simulator on ``host`` and the djitellopy executor flying it, both timed by ``times``."""
 
-    def __init__(self, host: str, times: SkillTimes, scene: FakeScene) -> None:
+    def __init__(self, host: str, times: SkillTimes, scene: FakeScene, time_scale: float = 1.0) -> None:
         self.times = times
         self.scene = scene
+        self.time_scale = time_scale
         self._by_name = {skill.name: abbr for abbr, skill in times.model.skills.items()}
-        self.simulator = TelloSimulator(host, state_port=Tello.STATE_UDP_PORT, duration=self._command_seconds)
-        self.executor = TelloExecutor(self.simulator.address, vision=self._see, auto_takeoff=True)
+        self.simulator = TelloSimulator(host, state_port=Tello.STATE_UDP_PORT, duration=self._command_seconds,
+                                        time_scale=time_scale)
+        self.executor = TelloExecutor(self.simulator.address, vision=self._see, time_scale=time_scale,
+                                      auto_takeoff=True)
 
     def start(self) -> None:
         """Start the simulator, connect djitellopy and take off (so no plan pays for the takeoff)."""
@@ -100,7 +104,7 @@ class SimulatedDrone:
         return tello_command_duration(command, value)
 
     def _see(self, skill: str, args: Sequence[Value]) -> Value:
-        time.sleep(self.times.seconds(self._by_name[skill]))
+        time.sleep(self.times.seconds(self._by_name[skill]) * self.time_scale)
         return self.scene(skill, args)
 
 
@@ -118,8 +122,8 @@ def arm_objects(catalog: TraceCatalog, model: SkillModel) -> dict[str, str]:
 
 
 def ensure_client_ports() -> tuple[int, int]:
-    """Free local ports for djitellopy, unless it already listens in this process; the ports in use."""
-    if not djitellopy_tello.threads_initialized:
+    """Free local ports for djitellopy unless it listens already or others were chosen; the ports in use."""
+    if not djitellopy_tello.threads_initialized and (Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT) == TELLO_PORTS:
         use_client_ports(_free_udp_port(), _free_udp_port())
     return Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT
 
@@ -132,31 +136,34 @@ def _free_udp_port() -> int:
 
 @contextmanager
 def simulated_robots(agents: dict[str, str], skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
-                     max_drones: int | None = None) -> Iterator[dict[str, SegmentRunner]]:
+                     max_drones: int | None = None, time_scale: float = 1.0) -> Iterator[dict[str, SegmentRunner]]:
     """A runner per agent (agent -> robot type): the first ``max_drones`` tello agents fly Tello simulators
-    through djitellopy, arms are SimulatedArms, and every other agent sleeps SimulatedSkills times."""
+    through djitellopy, arms are SimulatedArms, and every other agent sleeps SimulatedSkills times;
+    ``time_scale`` multiplies every skill's time."""
     tello_agents = sorted(a for a, robot in agents.items() if robot == "tello")[:max_drones]
-    runners = {a: SimulatedSkills(skills[robot], seed) for a, robot in agents.items()}
-    runners |= {a: _arm(skills["arm"], catalog, seed) for a, robot in agents.items() if robot == "arm"}
+    runners = {a: SimulatedSkills(skills[robot], seed, time_scale) for a, robot in agents.items()}
+    runners |= {a: _arm(skills["arm"], catalog, seed, time_scale) for a, robot in agents.items() if robot == "arm"}
     with ExitStack() as stack:
         if tello_agents:
-            drones = _start_drones(len(tello_agents), skills["tello"], catalog, seed, stack)
+            drones = _start_drones(len(tello_agents), skills["tello"], seed, catalog, time_scale, stack)
             runners |= {a: d.runner() for a, d in zip(tello_agents, drones, strict=True)}
         yield runners
 
 
-def _arm(model: SkillModel, catalog: TraceCatalog, seed: int) -> SegmentRunner:
+def _arm(model: SkillModel, catalog: TraceCatalog, seed: int, time_scale: float) -> SegmentRunner:
     times = SkillTimes(model, seed)
-    arm = SimulatedArm(arm_objects(catalog, model), duration=lambda skill, args: times.seconds(skill))
+    arm = SimulatedArm(arm_objects(catalog, model), duration=lambda skill, args: times.seconds(skill),
+                       time_scale=time_scale)
     return times.timed(arm_runner(arm))
 
 
-def _start_drones(count: int, model: SkillModel, catalog: TraceCatalog, seed: int,
+def _start_drones(count: int, model: SkillModel, seed: int, catalog: TraceCatalog, time_scale: float,
                   stack: ExitStack) -> list[SimulatedDrone]:
     ensure_client_ports()
     Tello.LOGGER.setLevel(logging.WARNING)  # djitellopy logs every command at INFO
     scene = drone_scene(catalog, model)
-    drones = [SimulatedDrone(str(FIRST_DRONE_IP + i), SkillTimes(model, seed), scene) for i in range(count)]
+    drones = [SimulatedDrone(str(FIRST_DRONE_IP + i), SkillTimes(model, seed), scene, time_scale)
+              for i in range(count)]
     pool = stack.enter_context(ThreadPoolExecutor(max_workers=min(count, 32)))
     stack.callback(lambda: list(pool.map(SimulatedDrone.stop, drones)))
     drones[0].start()  # the first Tello() starts djitellopy's receivers, unguarded against a race
