@@ -209,37 +209,37 @@ class TelloSimulator:
         return None if self.state.flying else "not flying"
 
     def _move(self, distance: float | None, heading_offset: float) -> str | None:
-        if not _in_range(distance, MOVE_RANGE_CM):
-            return "out of range"
-        assert distance is not None
-        with self._lock:
-            if not self._state.flying:
-                return "not flying"
-            heading = math.radians(self._state.yaw + heading_offset)
-            self._state = replace(self._state, x=self._state.x + distance * math.cos(heading),
-                                  y=self._state.y + distance * math.sin(heading))
-        return None
+        def moved(state: DroneState, d: float) -> DroneState:
+            heading = math.radians(state.yaw + heading_offset)
+            return replace(state, x=state.x + d * math.cos(heading), y=state.y + d * math.sin(heading))
+
+        return self._fly(distance, MOVE_RANGE_CM, moved)
 
     def _climb(self, distance: float | None, sign: int) -> str | None:
-        if not _in_range(distance, MOVE_RANGE_CM):
-            return "out of range"
-        assert distance is not None
-        with self._lock:
-            if not self._state.flying:
-                return "not flying"
-            if self._state.z + sign * distance < 0:
-                return "out of range"
-            self._state = replace(self._state, z=self._state.z + sign * distance)
-        return None
+        def climbed(state: DroneState, d: float) -> DroneState | None:
+            return None if state.z + sign * d < 0 else replace(state, z=state.z + sign * d)
+
+        return self._fly(distance, MOVE_RANGE_CM, climbed)
 
     def _turn(self, degrees: float | None, sign: int) -> str | None:
-        if not _in_range(degrees, TURN_RANGE_DEG):
+        def turned(state: DroneState, deg: float) -> DroneState:
+            return replace(state, yaw=(state.yaw + sign * deg + 180) % 360 - 180)
+
+        return self._fly(degrees, TURN_RANGE_DEG, turned)
+
+    def _fly(self, value: float | None, valid: tuple[float, float],
+             change: Callable[[DroneState, float], DroneState | None]) -> str | None:
+        """Apply an in-flight command: its argument in range, the drone airborne, the result allowed."""
+        if not _in_range(value, valid):
             return "out of range"
-        assert degrees is not None
+        assert value is not None
         with self._lock:
             if not self._state.flying:
                 return "not flying"
-            self._state = replace(self._state, yaw=(self._state.yaw + sign * degrees + 180) % 360 - 180)
+            changed = change(self._state, value)
+            if changed is None:
+                return "out of range"
+            self._state = changed
         return None
 
     def _apply_emergency(self) -> None:
