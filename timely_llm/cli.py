@@ -98,10 +98,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _print_summary(result: dict) -> None:
+    from timely_llm.evaluation.metrics import fmt_metric as fmt
+
     print(f"{result['policy']} on {result['workload']} ({result['hw']}, seed {result['seed']}):")
     for category, s in result["summary"].items():
-        def fmt(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3f}"
         print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
               f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s")
 

@@ -128,21 +128,19 @@ class Server:
         self.clock.wake()
 
     def cancel(self, request_id: str, reason: str = "canceled by client") -> bool:
-        with self.lock:
-            request = self.requests.get(request_id)
-            if request is None or request.status.ended:
-                return False
-            self._end(request, Status.CANCELED, reason)
-        self.clock.wake()
-        return True
+        return self._end_live(request_id, Status.CANCELED, reason)
 
     def abort(self, request_id: str, reason: str) -> bool:
         """End a request the server cannot complete (e.g. its robot stopped answering)."""
+        return self._end_live(request_id, Status.ABORTED, reason)
+
+    def _end_live(self, request_id: str, status: Status, reason: str) -> bool:
         with self.lock:
             request = self.requests.get(request_id)
             if request is None or request.status.ended:
                 return False
-            self._end(request, Status.ABORTED, reason)
+            self._end(request, status, reason)
+        self.clock.wake()
         return True
 
     # ----- the loop -----

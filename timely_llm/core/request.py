@@ -20,10 +20,6 @@ class Status(enum.Enum):
     CANCELED = "canceled"
 
     @property
-    def queued(self) -> bool:
-        return self in (Status.WAITING, Status.SUSPENDED)
-
-    @property
     def ended(self) -> bool:
         return self in (Status.SUCCEEDED, Status.ABORTED, Status.CANCELED)
 

@@ -34,11 +34,12 @@ def markdown_table(results: list[dict]) -> str:
         for category, s in result["summary"].items():
             if category == "all":
                 continue
-            cells = [_fmt(s[f"mean_{m}"]) for m in ("utility", "response_time", "waiting_time")]
+            cells = [fmt_metric(s[f"mean_{m}"]) for m in ("utility", "response_time", "waiting_time")]
             lines.append(f"| {result['workload']} | {result['policy']} | {category} | {s['count']} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _fmt(value: float | None) -> str:
+def fmt_metric(value: float | None) -> str:
+    """A mean for display: three decimals, '-' when there is none."""
     return "-" if value is None else f"{value:.3f}"
