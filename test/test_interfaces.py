@@ -15,8 +15,8 @@ import rclpy
 import rclpy.context as rclpy_context
 import rclpy.executors as rclpy_executors
 
-import timely_llm_interfaces.action as interfaces_action
-import timely_llm_interfaces.msg as interfaces_msg
+import timely_llm.ros.interfaces as interfaces_action
+import timely_llm.ros.interfaces as interfaces_msg
 
 pytestmark = pytest.mark.ros
 

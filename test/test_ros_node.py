@@ -17,13 +17,14 @@ from collections.abc import Callable, Iterator
 import pytest
 from rclpy.node import Node
 
-import timely_llm_interfaces.action as interfaces_action
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected
 from timely_llm.evaluation.harness import run_bench
+from timely_llm.ros.interfaces import RequestPlan, ServerStatus
+from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
 from timely_llm.ros.node import GoalRules, plan_from_goal
 from timely_llm.ros.robot_client import (
@@ -37,12 +38,10 @@ from timely_llm.ros.robot_client import (
 from timely_llm.ros.sim_robots import SkillTimes, simulated_robots
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
-from timely_llm_interfaces.msg import Segment as SegmentMsg
-from timely_llm_interfaces.msg import ServerStatus
 
 pytestmark = pytest.mark.ros
 
-Goal = interfaces_action.RequestPlan.Goal
+Goal = RequestPlan.Goal
 RESULT_TIMEOUT_S = 60.0
 CATALOG = load_catalog()
 SKILLS = load_skill_models()

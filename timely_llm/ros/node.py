@@ -31,9 +31,8 @@ from timely_llm.engines.base import Engine
 from timely_llm.errors import RequestRejected
 from timely_llm.server import POLICIES, PlanRequest, Server, request_record
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
-from timely_llm_interfaces.action import RequestPlan
-from timely_llm_interfaces.msg import Segment as SegmentMsg
-from timely_llm_interfaces.msg import SegmentDone, ServerStatus, SkillCall
+from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall
+from timely_llm.ros.interfaces import Segment as SegmentMsg
 
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1

@@ -25,9 +25,8 @@ from timely_llm.core.tuf import TUF
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.base import SegmentResult, run_timed
 from timely_llm.executors.tello import TelloExecutor
-from timely_llm_interfaces.action import RequestPlan
-from timely_llm_interfaces.msg import Segment as SegmentMsg
-from timely_llm_interfaces.msg import SegmentDone
+from timely_llm.ros.interfaces import RequestPlan, SegmentDone
+from timely_llm.ros.interfaces import Segment as SegmentMsg
 
 SegmentRunner = Callable[[SegmentMsg, str], SegmentResult]
 """Executes one segment of the task labelled ``label`` and says how it went."""
