@@ -59,13 +59,14 @@ def test_every_request_completes_and_obeys_definitions(policy):
     assert len(result["requests"]) == len(workload.requests) > 10
     for rec in result["requests"]:
         check_record(rec, workload.network_latency)
-    segmented = policy in ("fcfs", "edf", "timelyllm", "vllm-stream", "isolated")
+    segmented = policy in ("fcfs", "edf", "timelyllm", "vllm-stream", "vllm-priority", "isolated")
     multi = [r for r in result["requests"] if len(r["segments"]) > 1]
     assert bool(multi) == segmented  # vllm dispatches the whole plan as one segment
 
 
 def test_resumes_hit_the_prefix_cache():
-    result = run_bench(small_workload(), "timelyllm", PROFILE, SKILLS, CATALOG)
+    # Generations are suspended only when capacity is scarce: a batch of 2 makes them.
+    result = run_bench(small_workload(), "timelyllm", PROFILE, SKILLS, CATALOG, max_batch=2)
     resumed = [s for r in result["requests"] for s in r["segments"][1:] if s["cached_tokens"] is not None]
     assert resumed
     # the robot's system prompt (> 150 tokens) plus every full block generated so far
@@ -144,3 +145,24 @@ def test_bench_cli_writes_result(tmp_path):
     assert result["policy"] == "timelyllm" and result["requests"]
     for rec in result["requests"]:
         check_record(rec, 0.008)
+
+
+def tiny_card(num_blocks):
+    profile = load_profile("rtx4090-llama3-8b")
+    memory = {**profile.memory, "total_gib": 16 + 1.5 + num_blocks * 16 * 131072 / 2**30}
+    object.__setattr__(profile, "memory", memory)
+    assert profile.num_kv_blocks == num_blocks
+    return profile
+
+
+@pytest.mark.parametrize(("priorities", "victim"), [((0, 0, 0), "g2"), ((1000, 200, 200), "g0")])
+def test_kv_preemption_takes_the_lowest_priority_latest_started(priorities, victim):
+    # vLLM's rule: on a KV shortage preempt max (priority, start order). Under FCFS (all 0) that is the
+    # latest started; with priorities the least urgent even if it started first.
+    engine = SimEngine(tiny_card(12))
+    for i, priority in enumerate(priorities):  # 3 x 64 tokens = 12 full blocks: the next token needs a block
+        engine.start(GenerationSpec(f"g{i}", [500 + i] + list(range(63)), max_new_tokens=20,
+                                    forced_ids=list(range(7000, 7020)), priority=priority))
+    engine.step()  # prefill all three
+    engine.step()  # each needs a 13th block for its first token's KV: one generation is preempted
+    assert {g.spec.gen_id for g in engine._running.values() if not g.prefilled} == {victim}

@@ -3,10 +3,13 @@
 One loop serves every engine and every policy. Each ``step()`` is a scheduling
 point: priorities are re-evaluated, admissible generations join the batch, the
 engine runs one iteration, new text is segmented, and each finished segment is
-dispatched (``on_segment``) and, under segmented policies, its generation
-suspended and queued again. A request ends (``on_finish``) once its plan is
-generated and the robot has reported every segment executed, or when it is
-aborted or canceled; no accepted request ends any other way.
+dispatched (``on_segment``). Under segmented policies a generation that just
+finished a segment is parked: it goes back to the queue but keeps its place in
+the engine, and the next scheduling point either keeps it running (when the
+batch has room for it and nothing more urgent waits for that room) or suspends it.
+A request ends (``on_finish``) once its plan is generated and the robot has
+reported every segment executed, or when it is aborted or canceled; no accepted
+request ends any other way.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.core.batch import BatchController
-from timely_llm.core.priority import make_policy
+from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
 from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
@@ -43,13 +46,14 @@ POLICIES = {
     for p in (
         ServingPolicy("vllm", "fcfs", segmented=False, streaming=False, adaptive_batch=False),
         ServingPolicy("vllm-stream", "fcfs", segmented=False, streaming=True, adaptive_batch=False),
+        ServingPolicy("vllm-priority", "priority", segmented=False, streaming=True, adaptive_batch=False),
         ServingPolicy("fcfs", "fcfs", segmented=True, streaming=True, adaptive_batch=True),
         ServingPolicy("edf", "edf", segmented=True, streaming=True, adaptive_batch=True),
         ServingPolicy("timelyllm", "pud", segmented=True, streaming=True, adaptive_batch=True),
     )
 }
 
-DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs, for the policies without adaptive batching
+DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs: the batch cap of every policy unless one is given
 
 
 @dataclass
@@ -82,13 +86,13 @@ class Server:
         self.network_latency = network_latency
         self.default_max_new_tokens = default_max_new_tokens
         self.queue = GenerationQueue(make_policy(policy.priority, network_latency))
-        if max_batch is None and not policy.adaptive_batch:
-            max_batch = DEFAULT_MAX_BATCH
-        self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency)
+        self.batch = BatchController(policy.adaptive_batch, max_batch or DEFAULT_MAX_BATCH, network_latency)
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
         self.requests: dict[str, Request] = {}
         self.running: dict[str, Request] = {}
+        self.parked: dict[str, Request] = {}
+        """Generations at a segment boundary: queued, yet still in the engine until the next scheduling point."""
         self.lock = threading.RLock()
 
     # ----- called by robots and front ends (any thread) -----
@@ -152,10 +156,11 @@ class Server:
     def step(self) -> bool:
         """One scheduling point and engine iteration; False when there was nothing to run."""
         with self.lock:
-            self._admit()
+            self._schedule()
             if not self.running:
                 return False
             started = self.clock.now()
+            batch = len(self.running)
             try:
                 out = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - an engine crash ends its requests, not the loop
@@ -166,7 +171,7 @@ class Server:
         self.clock.sleep_until(started + out.duration)
         with self.lock:
             if out.duration > 0:
-                self.batch.record_step(out.duration)
+                self.batch.record_step(out.duration, batch, prefill=bool(out.started))
             self._process(out, self.clock.now())
         return True
 
@@ -201,19 +206,43 @@ class Server:
         if plan.max_new_tokens < 0:
             raise RequestRejected(f"max_new_tokens must be >= 0, got {plan.max_new_tokens}")
 
-    def _admit(self) -> None:
+    def _schedule(self) -> None:
+        """Fill the batch from the queue in priority order, as far as the batch controller allows.
+
+        A parked generation (at a segment boundary, still in the engine) competes like any
+        queued one: picked, it simply keeps running; passed over, it is suspended. It is
+        suspended early when a more urgent generation needs the room or memory it holds.
+        """
         now = self.clock.now()
         while len(self.queue) > 0:
             request = self.queue.best(now)
-            needed = self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
-            if not self.batch.admits(list(self.running.values()), now, self.engine.free_kv_blocks(), needed):
-                return
+            parked = request.id in self.parked
+            needed = 0 if parked else self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
+            free = needed if parked else self.engine.free_kv_blocks()
+            if not self.batch.admits(list(self.running.values()), now, free, needed):
+                if parked or not self.parked:
+                    break
+                self._suspend_parked()  # they rank below this one: free what they hold and retry
+                continue
             self.queue.remove(request.id)
-            self._start(request, now)
+            if parked:
+                del self.parked[request.id]
+                request.status = Status.RUNNING
+                self.running[request.id] = request
+            else:
+                self._start(request, now)
+        self._suspend_parked()
+
+    def _suspend_parked(self) -> None:
+        for request in self.parked.values():
+            self.engine.suspend(request.id)
+            request.seg_gen_start = None
+        self.parked.clear()
 
     def _start(self, request: Request, now: float) -> None:
+        priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
         spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
-                              request.max_new_tokens, request.forced_ids)
+                              request.max_new_tokens, request.forced_ids, priority)
         try:
             self.engine.start(spec)
         except EngineRejected as exc:
@@ -256,9 +285,9 @@ class Server:
             request.status = Status.GENERATED
             self._finish_if_done(request)
         elif dispatched and self.policy.segmented:
-            self._leave_engine(request)
+            del self.running[request.id]
+            self.parked[request.id] = request
             request.status = Status.SUSPENDED
-            request.seg_gen_start = None
             self.queue.push(request)
 
     def _dispatch(self, request: Request, text: str, now: float) -> None:
@@ -284,7 +313,7 @@ class Server:
             self.queue.push(request)
 
     def _leave_engine(self, request: Request) -> None:
-        if self.running.pop(request.id, None) is None:
+        if self.running.pop(request.id, None) is None and self.parked.pop(request.id, None) is None:
             return
         if request.finished_generating or request.status.ended:
             self.engine.release(request.id)

@@ -1,4 +1,9 @@
-"""Latency-guided batch control (§4.4) and the fixed batch sizes it is compared with."""
+"""Latency-guided batch control (§4.4): who may run in the next iteration.
+
+The server asks ``admits`` once per candidate, in priority order, at every
+scheduling point, as many times as candidates keep being admitted: there is no
+per-iteration limit, so admissions keep up with resumes at any load.
+"""
 
 from __future__ import annotations
 
@@ -8,66 +13,98 @@ from collections.abc import Sequence
 from timely_llm.core.request import Request
 
 
+class StepModel:
+    """Decode step time as a line in the batch size, fitted to the recent decode-only steps.
+
+    §4.4 reads the generation speed off the most recent steps ("a lag for one
+    generation"); a fitted line lets the controller also predict the step after
+    several admissions, so many generations can join in one iteration. Until
+    the recent steps span two batch sizes the slowdown is taken as proportional
+    to the batch (the pessimistic reading). A better estimator (issue 11: TimeBill)
+    replaces this class.
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        self._samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self._sums = [0.0] * 5  # n, sum B, sum d, sum B^2, sum B*d
+
+    def record(self, batch: int, duration: float) -> None:
+        if len(self._samples) == self._samples.maxlen:
+            self._add(*self._samples[0], sign=-1.0)
+        self._samples.append((batch, duration))
+        self._add(batch, duration, sign=1.0)
+
+    def _add(self, batch: int, duration: float, sign: float) -> None:
+        s = self._sums
+        s[0] += sign
+        s[1] += sign * batch
+        s[2] += sign * duration
+        s[3] += sign * batch * batch
+        s[4] += sign * batch * duration
+
+    def predict(self, batch: int) -> float | None:
+        """Seconds per decode step with ``batch`` generations; None before any step."""
+        n, sb, sd, sbb, sbd = self._sums
+        if n < 0.5:
+            return None
+        mean_b, mean_d = sb / n, sd / n
+        var = sbb / n - mean_b * mean_b
+        proportional = mean_d / max(mean_b, 1.0)
+        slope = proportional if var < 0.25 else min(max((sbd / n - mean_b * mean_d) / var, 0.0), proportional)
+        return max(mean_d + slope * (batch - mean_b), 0.0)
+
+
 class BatchController:
-    """Decides whether the next generation may join the running batch.
+    """Decides whether one more generation may run in the next iteration.
 
-    Adaptive mode admits a generation only if the most urgent running generation
-    (least time left before its segment must be dispatched) still finishes its
-    segment in time: its worst case (WCET) is the tokens left to the segment's
-    maximum length times the recent step time. Two readings of §4.4 make this work:
-
-    * the lag: while a batch runs, at most one generation joins per iteration, so
-      each decision sees a step time measured with the previous newcomer in it;
-    * the newcomer is refused if some running generation that can still make its
-      deadline would miss it once the batch grows from n to n + 1 (WCET scaled by
-      (n + 1) / n, a pessimistic linear slowdown); a generation already past
-      saving does not veto admissions (otherwise one late urgent segment
-      serialises every request behind it).
-
-    Free KV memory must hold the newcomer's context plus one segment. A fixed
-    ``max_batch`` caps the batch in either mode.
+    * A fixed ``max_batch`` caps the batch (vLLM's ``max_num_seqs``) in every mode.
+    * Free KV memory must hold the newcomer's context plus one segment.
+    * Adaptive mode also protects running generations that can still make their
+      deadline: a newcomer is refused if one of them, whose worst case (WCET:
+      tokens left to its segment's maximum length times the predicted step time)
+      fits its budget at the current batch size, would miss it with one more
+      generation in the batch. A generation already past saving vetoes nothing
+      (otherwise one late urgent segment would serialise every request behind it).
     """
 
     def __init__(self, adaptive: bool, max_batch: int | None = None, network_latency: float = 0.0,
-                 window: int = 4) -> None:
+                 step_model: StepModel | None = None) -> None:
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.adaptive = adaptive
         self.max_batch = max_batch
         self.network_latency = network_latency
-        self._recent_steps: deque[float] = deque(maxlen=window)
-        self._admitted_this_step = False
+        self.steps = step_model or StepModel()
 
-    def record_step(self, duration: float) -> None:
-        self._recent_steps.append(duration)
-        self._admitted_this_step = False
+    def record_step(self, duration: float, batch: int, prefill: bool = False) -> None:
+        """One engine iteration over ``batch`` generations; prefill steps do not measure decoding."""
+        if not prefill and batch > 0:
+            self.steps.record(batch, duration)
 
-    @property
-    def step_time(self) -> float | None:
-        """Recent seconds per decode step (one token per running generation)."""
-        return sum(self._recent_steps) / len(self._recent_steps) if self._recent_steps else None
+    def step_time(self, batch: int) -> float:
+        return self.steps.predict(batch) or 0.0
 
     def budget(self, request: Request, now: float) -> float:
         return request.dispatch_deadline(self.network_latency) - now
 
-    def wcet(self, request: Request) -> float:
-        """Worst-case time for ``request`` to finish its current segment at the recent speed."""
+    def wcet(self, request: Request, batch: int) -> float:
+        """Worst-case time for ``request`` to finish its current segment in a batch of ``batch``."""
         left = max(request.robot.segment_max_tokens - request.seg_tokens, 1)
-        return left * (self.step_time or 0.0)
+        return left * self.step_time(batch)
+
+    def has_room(self, running: int) -> bool:
+        return self.max_batch is None or running < self.max_batch
 
     def admits(self, running: Sequence[Request], now: float, free_blocks: int, needed_blocks: int) -> bool:
-        if self.max_batch is not None and len(running) >= self.max_batch:
-            return False
-        if needed_blocks > free_blocks:
+        if not self.has_room(len(running)) or needed_blocks > free_blocks:
             return False
         if not self.adaptive or not running:
             return True
-        if self._admitted_this_step:
-            return False
-        growth = (len(running) + 1) / len(running)
+        n = len(running)
+        step_now, step_grown = self.step_time(n), self.step_time(n + 1)
         for r in running:
-            wcet, budget = self.wcet(r), self.budget(r, now)
-            if wcet <= budget < wcet * growth:
+            left = max(r.robot.segment_max_tokens - r.seg_tokens, 1)
+            budget = self.budget(r, now)
+            if left * step_now <= budget < left * step_grown:
                 return False
-        self._admitted_this_step = True
         return True

@@ -1,4 +1,4 @@
-"""Priority policies: PUD (Eq. 4), EDF and FCFS, evaluated over the whole queue at once.
+"""Priority policies: PUD (Eq. 4), EDF, FCFS and vLLM's priority order, evaluated over the whole queue at once.
 
 Each policy maps the queue's columns to scores (higher runs first). Scores depend on
 the current time, so the queue asks for them afresh at every fetch (§4.3).
@@ -94,11 +94,28 @@ class PUD(PriorityPolicy):
         return utility / (gen_time * slack)
 
 
+def request_priority(ert: float) -> int:
+    """The request's urgency as a vLLM ``priority`` (lower runs first): its ERT in milliseconds."""
+    return round(ert * 1000)
+
+
+class VllmPriority(PriorityPolicy):
+    """vLLM's ``scheduling_policy="priority"``: lowest ``request_priority`` first, then earliest arrival."""
+
+    name = "priority"
+    ARRIVAL_SCALE = 1e-7  # arrival seconds stay far below one priority step
+
+    def scores(self, q: QueueColumns, now: float) -> np.ndarray:
+        return -(np.round(q.column("ert") * 1000) + q.column("arrival") * self.ARRIVAL_SCALE)
+
+
 def make_policy(name: str, network_latency: float) -> PriorityPolicy:
+    if name == "priority":
+        return VllmPriority()
     if name == "pud":
         return PUD(network_latency)
     if name == "edf":
         return EDF()
     if name == "fcfs":
         return FCFS()
-    raise ValueError(f"unknown priority policy {name!r} (pud, edf, fcfs)")
+    raise ValueError(f"unknown priority policy {name!r} (pud, edf, fcfs, priority)")

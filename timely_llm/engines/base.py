@@ -37,6 +37,9 @@ class GenerationSpec:
     """Budget for the whole generation, counting ``output_ids``."""
     forced_ids: list[int] | None = None
     """A recorded plan to force-decode (trace replay); None lets the model decide."""
+    priority: int = 0
+    """vLLM-style priority, lower first: the engine preempts the highest value (latest started among
+    equals) when KV memory runs out."""
 
 
 @dataclass

@@ -4,7 +4,8 @@ It replays recorded plans (``forced_ids``) token by token. Each ``step()`` prefi
 the generations started since the last step (only what the prefix cache misses)
 and decodes one token for every other running generation; its duration comes from
 the hardware profile. When a running generation needs a block and none is free,
-the most recently started one is preempted and recomputed later, as vLLM does.
+the lowest-priority one (the most recently started among equals) is preempted and
+recomputed later, as vLLM does.
 """
 
 from __future__ import annotations
@@ -112,13 +113,18 @@ class SimEngine(Engine):
                 self.blocks.append(gen.spec.gen_id, [gen.output[-1]])
                 return True
             except OutOfBlocks:
-                victim = next(g for g in reversed(self._running.values())
-                              if g.prefilled and g.spec.gen_id not in preempted)
+                victim = self._victim(preempted)
                 self.blocks.release(victim.spec.gen_id)
                 victim.prefilled = False
                 preempted.add(victim.spec.gen_id)
                 if victim is gen:
                     return False
+
+    def _victim(self, preempted: set[str]) -> _Generation:
+        """vLLM's choice: the lowest-priority running generation, the latest started among equals
+        (so under FCFS, where every priority is 0, simply the latest started)."""
+        candidates = [g for g in reversed(self._running.values()) if g.prefilled and g.spec.gen_id not in preempted]
+        return max(candidates, key=lambda g: g.spec.priority)
 
     def _emit_token(self, gen: _Generation, out: StepOutput) -> None:
         spec = gen.spec
