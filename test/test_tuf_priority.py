@@ -66,17 +66,29 @@ def test_pud_first_segment_by_hand():
 
 
 def test_pud_late_and_later_segments_by_hand():
-    # Late urgent request: W = 10.098 - 9.6 = 0.498 -> 2 - 6.67 * 0.298 = 0.01234
+    # Late urgent request (action would start 0.298 s past its deadline 9.8): it loses 6.67 per second,
+    # so one more G of waiting costs 6.67 * G: Pri = (beta + 6.67 * G) / G^2 (+ 1e-6 * lateness tie-break)
     late = _request("late", 9.6, URGENT_TUF)
     # Later segment, previous action ends at 12.0: W = 10.098 - 12 < 0 -> TUF_1 = beta = 1;
     # L = 12 - 10.098 = 1.902 -> Pri = 1 / (0.09 * 1.902)
     later = _request("later", 5.0, NORMAL_TUF, prev_end=12.0)
-    # Later segment already overdue by 0.2 s: W = 0.298 -> 1 - 2 * 0.298 = 0.404; L floored at G
+    # Later segment already overdue (robot waiting since 9.8, 0.298 s late at action start): only the loss
+    # rate counts, no beta (the first response is what the TUF_0 rewards): Pri = 2 * G / G^2
     overdue = _request("overdue", 5.0, NORMAL_TUF, prev_end=9.8)
     s = _scores(PUD(0.008), [late, later, overdue], now=10.0)
-    assert s["late"] == pytest.approx((2 - 6.67 * 0.298) / (0.09 * 0.09))
+    assert s["late"] == pytest.approx((2 + 6.67 * 0.09) / (0.09 * 0.09) + 1e-6 * 0.298)
     assert s["later"] == pytest.approx(1 / (0.09 * 1.902))
-    assert s["overdue"] == pytest.approx((1 - 2 * 0.298) / (0.09 * 0.09))
+    assert s["overdue"] == pytest.approx(2 * 0.09 / (0.09 * 0.09) + 1e-6 * 0.298)
+    assert s["late"] > s["overdue"] > s["later"]
+
+
+def test_pud_late_urgent_outranks_fresh_normal_however_late():
+    # Eq. 4 alone ranks by the falling utility: a long-late urgent request (utility << 0) would sink
+    # below every fresh normal one and, under overload, wait without bound.
+    stale = _request("stale", 0.0, URGENT_TUF)
+    fresh = _request("fresh", 9.99, NORMAL_TUF)
+    s = _scores(PUD(0.008), [stale, fresh], now=10.0)
+    assert s["stale"] > s["fresh"] > 0
 
 
 def test_edf_and_fcfs_keep_the_first_deadline_and_arrival():
@@ -88,14 +100,19 @@ def test_edf_and_fcfs_keep_the_first_deadline_and_arrival():
 
 def test_queue_fetch_reevaluates_with_time():
     # At t=10 a fresh request (deadline 11, slack 0.902) outranks a suspended generation whose
-    # robot finishes at 12 (slack 1.902). At t=11.6 the fresh one is past its cut-off (utility
-    # 1 - 2 * 0.698 < 0) while the suspended one (slack 0.302) is now the one worth serving.
+    # robot finishes at 12 (slack 1.902). At t=11.6 both still rank the fresh one first: it is late and
+    # losing utility, while the suspended one (slack 0.302) loses nothing by waiting one more G.
+    # At t=12.5 the suspended one's robot waits too: both late, the first response goes first.
     suspended = _request("s", 0.0, NORMAL_TUF, prev_end=12.0)
     fresh = _request("f", 10.0, NORMAL_TUF)
     q = GenerationQueue(PUD(0.008))
     q.push(suspended)
     q.push(fresh)
     assert q.best(10.0).id == "f"
+    assert q.best(11.6).id == "f"
+    assert q.best(12.5).id == "f"
+    q.remove("f")
     assert q.best(11.6).id == "s"
+    q.push(fresh)
     q.remove("s")
     assert q.best(11.6).id == "f" and len(q) == 1

@@ -65,18 +65,27 @@ class EDF(PriorityPolicy):
 
 
 class PUD(PriorityPolicy):
-    """Potential utility density scaled by slack (Eq. 4).
+    """Potential utility density scaled by slack (Eq. 4), and the loss rate once late.
 
     For a segment whose generation would start now, its action starts at
     ``now + G + network`` (G the profiled segment generation time). W is that start
     minus the request's arrival (first segment) or minus the estimated end of the
     previous segment's execution (later segments, TUF_1 with ERT = 0). L, the slack,
     is the time from that start to the segment's deadline (arrival + ERT, or the
-    previous segment's end), floored at G so a late segment keeps the top rank among
-    equally useful ones instead of dividing by zero or flipping sign.
+    previous segment's end).
+
+    On time (L >= 0) the score is Eq. 4, TUF(W) / (G * L), with L floored at G.
+    Late (L < 0) the TUF keeps falling at |alpha| per second, so waiting one more
+    generation time costs |alpha| * G: the score is (delta_k * beta + |alpha| * G) / G^2,
+    the first segment's (delta_0 = 1) above the on-time ones of equal beta, urgent
+    (steeper alpha) above normal. Eq. 4 itself would rank a late generation by its
+    falling, eventually negative utility, i.e. last: under overload late urgent
+    requests then wait without bound behind fresh normal ones. Among equals the
+    longest late goes first.
     """
 
     name = "pud"
+    LATENESS_TIEBREAK = 1e-6
 
     def __init__(self, network_latency: float) -> None:
         self.network_latency = network_latency
@@ -87,11 +96,13 @@ class PUD(PriorityPolicy):
         action_start = now + gen_time + self.network_latency
         origin = np.where(first, q.column("arrival"), q.column("prev_end"))
         ert = np.where(first, q.column("ert"), 0.0)
-        waiting = action_start - origin
-        beta = q.column("beta")
-        utility = np.minimum(beta, q.column("alpha") * (waiting - ert) + beta)
-        slack = np.maximum(origin + ert - action_start, gen_time)
-        return utility / (gen_time * slack)
+        beta, alpha = q.column("beta"), q.column("alpha")
+        utility = np.minimum(beta, alpha * (action_start - origin - ert) + beta)
+        slack = origin + ert - action_start
+        on_time = utility / (gen_time * np.maximum(slack, gen_time))
+        late = (np.where(first, beta, 0.0) - alpha * gen_time) / (gen_time * gen_time) \
+            - self.LATENESS_TIEBREAK * slack
+        return np.where(slack >= 0, on_time, late)
 
 
 def request_priority(ert: float) -> int:

@@ -1,6 +1,6 @@
 """KV blocks with prefix caching, as the simulator models them.
 
-Every full block is identified by a hash chained over all tokens up to its end, so
+Every full block is identified by a hash chained over the blocks up to its end, so
 two contexts sharing a prefix share its blocks. A block nobody uses keeps its hash
 and stays cached until a new allocation takes it (least recently freed first):
 that is how a suspended generation finds its KV again on resume, or pays to
@@ -27,6 +27,9 @@ class BlockManager:
         self.tables: dict[str, list[int]] = {}
         self._lengths: dict[str, int] = {}
         self._last_hash: dict[str, int] = {}
+        """Hash of the owner's last full block (0 before the first)."""
+        self._partial: dict[str, list[int]] = {}
+        """Tokens of the owner's block being filled."""
 
     @property
     def free_blocks(self) -> int:
@@ -53,6 +56,7 @@ class BlockManager:
         self.tables[owner] = table
         self._lengths[owner] = len(hits) * self.block_size
         self._last_hash[owner] = self._hash_of[hits[-1]] if hits else 0
+        self._partial[owner] = []
         self.append(owner, token_ids[len(hits) * self.block_size:])
         return len(hits) * self.block_size
 
@@ -68,9 +72,12 @@ class BlockManager:
                 self._evict(block)
                 self._take(block)
                 table.append(block)
-            self._last_hash[owner] = hash((self._last_hash[owner], token))
+            partial = self._partial[owner]
+            partial.append(token)
             self._lengths[owner] = length + 1
-            if (length + 1) % self.block_size == 0:
+            if len(partial) == self.block_size:
+                self._last_hash[owner] = hash((self._last_hash[owner], tuple(partial)))
+                partial.clear()
                 self._register(table[-1], self._last_hash[owner])
 
     def release(self, owner: str) -> None:
@@ -80,12 +87,12 @@ class BlockManager:
                 self._free[block] = None  # most recently freed: evicted last
         self._lengths.pop(owner, None)
         self._last_hash.pop(owner, None)
+        self._partial.pop(owner, None)
 
     def _cached_prefix(self, token_ids: list[int]) -> list[int]:
         hits, h = [], 0
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            for token in token_ids[start:start + self.block_size]:
-                h = hash((h, token))
+            h = hash((h, tuple(token_ids[start:start + self.block_size])))
             block = self._block_of_hash.get(h)
             if block is None or self._hash_of[block] != h:
                 break
