@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="timely-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub.add_parser("bench", help="run a workload under one policy and write the records"))
-    _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results"))
+    _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results; load-map plots from sweeps"))
+    _add_sweep(sub.add_parser("sweep", help="load map: policies x hardware x batch caps x agents, one JSON"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
@@ -128,10 +129,64 @@ def _add_plot(p: argparse.ArgumentParser) -> None:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation.plots import plot_results
+    from timely_llm.evaluation.plots import plot_results, plot_sweep
+    from timely_llm.evaluation.sweep import is_sweep
 
-    for f in plot_results(_read_results(args.results), Path(args.out)):
+    results = _read_results(args.results)
+    sweeps = [r for r in results if is_sweep(r)]
+    written = [f for sweep in sweeps for f in plot_sweep(sweep, Path(args.out))]
+    benches = [r for r in results if not is_sweep(r)]
+    if benches or not sweeps:
+        written += plot_results(benches, Path(args.out))
+    for f in written:
         print(f)
+    return 0
+
+
+def _add_sweep(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation import sweep
+
+    p.add_argument("--hw", nargs="+", default=["rtx4090-llama3-8b"], help="hardware profile names or YAML files")
+    p.add_argument("--policies", nargs="+", default=list(sweep.POLICIES), choices=tuple(_policies()))
+    p.add_argument("--agents", nargs="+", type=int, default=list(sweep.AGENTS))
+    p.add_argument("--caps", nargs="+", default=[str(c or "none") for c in sweep.CAPS],
+                   help="batch caps; 'none' for vLLM's default max_num_seqs (256)")
+    p.add_argument("--duration", type=float, default=200.0, help="seconds of arrivals per workload")
+    p.add_argument("--seed", type=int, default=3, help="workload seed")
+    p.add_argument("--bench-seed", type=int, default=0, help="robot execution-time draws")
+    p.add_argument("--kv-gib", type=float, default=None, help="KV-cache memory for every profile (GiB)")
+    p.add_argument("--jobs", type=int, default=sweep.default_jobs(), help="worker processes")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_sweep)
+
+
+def _policies() -> list[str]:
+    from timely_llm.server import POLICIES
+
+    return list(POLICIES)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import load_profile
+    from timely_llm.evaluation.sweep import Grid, markdown_table, run_grid
+
+    caps = []
+    for cap in args.caps:
+        if cap != "none" and (not cap.isdigit() or int(cap) < 1):
+            raise ConfigError("--caps", cap, "must be a positive integer or 'none'")
+        caps.append(None if cap == "none" else int(cap))
+    if any(a < 1 for a in args.agents) or args.duration <= 0 or args.jobs < 1:
+        raise ConfigError("sweep", "--agents/--duration/--jobs", "must be positive")
+    if args.kv_gib is not None and args.kv_gib <= 0:
+        raise ConfigError("--kv-gib", "kv_gib", "must be > 0")
+    for hw in args.hw:
+        load_profile(hw)  # a bad name fails here, before any run
+    grid = Grid(tuple(args.hw), tuple(args.policies), tuple(args.agents), tuple(caps), args.duration,
+                args.seed, args.bench_seed, args.kv_gib)
+    result = run_grid(grid, args.jobs)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(markdown_table(result))
+    print(f"{len(result['points'])} points in {result['wall_s']:.0f} s -> {args.out}")
     return 0
 
 
@@ -176,9 +231,15 @@ def _read_results(paths: list[str]) -> list[dict]:
 
 
 def _table(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation import sweep
     from timely_llm.evaluation.metrics import markdown_table
 
-    print(markdown_table(_read_results(args.results)))
+    results = _read_results(args.results)
+    for result in filter(sweep.is_sweep, results):
+        print(sweep.markdown_table(result))
+    benches = [r for r in results if not sweep.is_sweep(r)]
+    if benches:
+        print(markdown_table(benches))
     return 0
 
 

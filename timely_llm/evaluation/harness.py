@@ -57,6 +57,8 @@ class Simulation:
         self.clock = clock
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
+        self.peak_queue = 0
+        """Most generations ever waiting in the server's queue at a scheduling point."""
 
     def schedule(self, t: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (t, next(self._seq), action))
@@ -65,6 +67,7 @@ class Simulation:
         while True:
             while self._events and self._events[0][0] <= self.clock.now():
                 heapq.heappop(self._events)[2]()
+            self.peak_queue = max(self.peak_queue, len(self.server.queue))
             if self.server.step():
                 continue
             if not self._events:
@@ -100,20 +103,22 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
     if policy == "isolated":
         if setup.new_clock is not VirtualClock:
             raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
-        records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None)[0]
+        records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None)[0][0]
                    for r in workload.requests]
+        peak_queue = 1
     else:
-        records = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed, max_batch)
+        records, peak_queue = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed, max_batch)
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
         "policy": policy, "workload": workload.name, "hw": setup.name, "seed": seed,
-        "network_latency": workload.network_latency, "max_batch": max_batch,
+        "network_latency": workload.network_latency, "max_batch": max_batch, "peak_queue": peak_queue,
         "requests": records, "summary": summarize(records),
     }
 
 
 def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup: EngineSetup,
-         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None) -> list[dict]:
+         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None,
+         ) -> tuple[list[dict], int]:
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
@@ -133,4 +138,4 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup
                            arrival=origin + r.arrival)
         sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
     sim.run()
-    return records
+    return records, sim.peak_queue

@@ -1,10 +1,12 @@
-"""Figure 5/6-style plots from ``timely-llm bench`` results.
+"""Figure 5/6-style plots from ``timely-llm bench`` results, and load maps from ``timely-llm sweep``.
 
 Figure 5: per workload, mean time utility, response time and waiting time per task
 type (trace id, grouped by category), one bar per policy; means are over succeeded
 requests, and results of the same workload and policy (e.g. several seeds) are pooled.
 Figure 6: per result, a time trace of a few requests around the first urgent request
 that overlaps normal ones: generation and execution of each segment, arrival, ERT.
+Load map: per hardware profile, mean utility (urgent, normal) and mean urgent response
+time against the number of agents (the load), one line per policy, one column per batch cap.
 """
 
 from __future__ import annotations
@@ -153,6 +155,59 @@ def _fig6_path(result: dict, out_dir: Path, taken: list[Path]) -> Path:
         suffix = _slug(f"{result.get('hw', 'hw')}_s{result.get('seed', len(taken))}")
         path = path.with_name(f"{path.stem}_{suffix}.png")
     return path
+
+
+SWEEP_ROWS = (("urgent", "utility", "urgent utility"), ("normal", "utility", "normal utility"),
+              ("urgent", "response_time", "urgent response (s)"))
+
+
+def plot_sweep(sweep: dict, out_dir: Path) -> list[Path]:
+    """Write ``map_<hw>.png`` per hardware profile of a ``timely-llm sweep`` result."""
+    points = sweep.get("points")
+    if not isinstance(points, list) or not points:
+        raise ConfigError("sweep", "points", "missing or empty; expected a `timely-llm sweep` result")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_hw: dict[str, list[dict]] = {}
+    for p in points:
+        by_hw.setdefault(p["hw"], []).append(p)
+    return [_plot_map(hw, ps, out_dir / f"map_{_slug(hw)}.png") for hw, ps in by_hw.items()]
+
+
+def _plot_map(hw: str, points: list[dict], path: Path) -> Path:
+    caps = list(dict.fromkeys(p["cap"] for p in points))
+    policies = list(dict.fromkeys(p["policy"] for p in points))
+    fig = Figure(figsize=(4 * len(caps), 3.2 * len(SWEEP_ROWS)), layout="constrained")
+    axes = fig.subplots(len(SWEEP_ROWS), len(caps), squeeze=False, sharex=True)
+    for col, cap in enumerate(caps):
+        at_cap = [p for p in points if p["cap"] == cap]
+        for row, (category, metric, label) in enumerate(SWEEP_ROWS):
+            ax = axes[row][col]
+            for policy in policies:
+                line = sorted((p["agents"], _summary_mean(p, category, metric)) for p in at_cap
+                              if p["policy"] == policy)
+                ax.plot([a for a, _ in line], [v for _, v in line], marker="o", markersize=3, label=policy)
+            if metric == "response_time":
+                bound = sorted((p["agents"], p["isolated_response"].get(category, float("nan"))) for p in at_cap)
+                ax.plot([a for a, _ in bound], [v for _, v in bound], color="grey", linestyle=":", label="isolated")
+                ax.set_yscale("log")
+            else:
+                ax.set_yscale("symlog", linthresh=2.0)
+            ax.set_xscale("log", base=2)
+            ax.grid(True, linewidth=0.4, alpha=0.5)
+            if col == 0:
+                ax.set_ylabel(label)
+            if row == 0:
+                ax.set_title(f"batch cap {cap or 'none'}")
+            if row == len(SWEEP_ROWS) - 1:
+                ax.set_xlabel("agents (event rate grows with them)")
+    axes[-1][0].legend(fontsize="small")
+    fig.suptitle(f"load map: {hw}")
+    return _save(fig, path)
+
+
+def _summary_mean(point: dict, category: str, metric: str) -> float:
+    value = point["summary"].get(category, {}).get(f"mean_{metric}")
+    return float("nan") if value is None else value
 
 
 def _save(fig: Figure, path: Path) -> Path:

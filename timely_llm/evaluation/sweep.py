@@ -1,0 +1,158 @@
+"""The load map: policies x hardware profiles x batch caps x agent counts on the simulator, in one JSON.
+
+Each point is a WID2-like workload (up to 16 tasks per event, traces 1-8) whose event
+rate grows with the number of agents (0.25 events/s per 42 agents, as WID2), run
+under one policy, one hardware profile and one batch cap on the virtual clock.
+Every point also carries the isolated bound: the mean response time its requests
+would have alone on an idle server (each trace replayed alone once per profile).
+
+    timely-llm sweep --hw rtx4090-llama3-8b --caps 8 16 64 none --out sweep.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from timely_llm.core.skills import SkillModel, load_skill_models
+from timely_llm.engines.hardware import HardwareProfile, load_profile
+from timely_llm.evaluation.harness import run_bench
+from timely_llm.evaluation.metrics import fmt_metric
+from timely_llm.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
+from timely_llm.workloads.traces import TraceCatalog, load_catalog
+
+AGENTS = (25, 50, 100, 200, 400, 800)
+CAPS: tuple[int | None, ...] = (8, 16, 64, None)
+POLICIES = ("vllm-stream", "vllm-priority", "timelyllm")
+EVENTS_PER_AGENT = 0.25 / 42  # WID2: 0.25 events/s over 42 agents
+MAX_TASKS_PER_EVENT = 16
+TRACES = tuple(range(1, 9))
+KIND = "timely-llm sweep"
+
+
+@dataclass(frozen=True)
+class Grid:
+    hw: tuple[str, ...]
+    policies: tuple[str, ...] = POLICIES
+    agents: tuple[int, ...] = AGENTS
+    caps: tuple[int | None, ...] = CAPS
+    duration: float = 200.0
+    seed: int = 3
+    """Workload seed (arrivals, agents, traces)."""
+    bench_seed: int = 0
+    """Robot execution-time draws."""
+    kv_gib: float | None = None
+    """KV-cache memory in GiB for every profile instead of what the profile's card leaves."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def workload_for(agents: int, duration: float, seed: int, catalog: TraceCatalog,
+                 skills: dict[str, SkillModel]) -> Workload:
+    spec = WorkloadSpec(f"WID2x{agents}", EVENTS_PER_AGENT * agents, MAX_TASKS_PER_EVENT, TRACES, agents, duration)
+    return generate(spec, catalog, skills, seed)
+
+
+def with_kv_memory(profile: HardwareProfile, kv_gib: float | None) -> HardwareProfile:
+    if kv_gib is None:
+        return profile
+    if kv_gib <= 0:
+        raise ValueError(f"kv_gib must be > 0, got {kv_gib}")
+    memory = {**profile.memory, "total_gib": profile.memory["weights_gib"] + profile.memory["reserved_gib"] + kv_gib}
+    return dataclasses.replace(profile, memory=memory)
+
+
+def isolated_responses(profile: HardwareProfile, catalog: TraceCatalog, skills: dict[str, SkillModel],
+                       traces: Iterable[int], seed: int) -> dict[int, float]:
+    """Response time of each trace alone on an idle server (the isolated bound)."""
+    out = {}
+    for trace in traces:
+        request = WorkloadRequest("alone", 0.0, "agent", trace, default_tuf(catalog[trace].category))
+        result = run_bench(Workload(f"trace{trace}", 0.008, (request,)), "vllm-stream", profile, skills, catalog, seed)
+        out[trace] = result["requests"][0]["response_time"]
+    return out
+
+
+def run_grid(grid: Grid, jobs: int = 1) -> dict:
+    """Run every point of ``grid``; ``jobs`` worker processes."""
+    points = [(hw, agents, cap, policy) for hw in grid.hw for cap in grid.caps
+              for agents in grid.agents for policy in grid.policies]
+    started = time.perf_counter()
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            results = list(pool.map(_run_point, [(grid, p) for p in points]))
+    else:
+        results = [_run_point((grid, p)) for p in points]
+    return {"kind": KIND, "grid": grid.to_dict(), "wall_s": time.perf_counter() - started, "points": results}
+
+
+_CACHE: dict = {}
+
+
+def _inputs(grid: Grid, hw: str, agents: int) -> tuple:
+    """Per-process cache of the skills, catalog, profiles, isolated bounds and workloads."""
+    if "skills" not in _CACHE:
+        _CACHE["skills"], _CACHE["catalog"] = load_skill_models(), load_catalog()
+    skills, catalog = _CACHE["skills"], _CACHE["catalog"]
+    if ("hw", hw) not in _CACHE:
+        profile = with_kv_memory(load_profile(hw), grid.kv_gib)
+        _CACHE[("hw", hw)] = profile, isolated_responses(profile, catalog, skills, TRACES, grid.bench_seed)
+    if ("w", agents) not in _CACHE:
+        _CACHE[("w", agents)] = workload_for(agents, grid.duration, grid.seed, catalog, skills)
+    profile, isolated = _CACHE[("hw", hw)]
+    return skills, catalog, profile, isolated, _CACHE[("w", agents)]
+
+
+def _run_point(job: tuple[Grid, tuple[str, int, int | None, str]]) -> dict:
+    grid, (hw, agents, cap, policy) = job
+    skills, catalog, profile, isolated, workload = _inputs(grid, hw, agents)
+    started = time.perf_counter()
+    result = run_bench(workload, policy, profile, skills, catalog, grid.bench_seed, cap)
+    records = result["requests"]
+    by_category: dict[str, list[float]] = {}
+    for r in records:
+        by_category.setdefault(r["category"], []).append(isolated[r["trace"]])
+    ends = [s["exec_end"] for r in records for s in r["segments"] if s["exec_end"] is not None]
+    return {
+        "hw": profile.name, "agents": agents, "cap": cap, "policy": policy,
+        "events_per_second": EVENTS_PER_AGENT * agents, "requests": len(records),
+        "summary": result["summary"],
+        "isolated_response": {c: statistics.fmean(v) for c, v in sorted(by_category.items())},
+        "peak_queue": result["peak_queue"], "makespan": max(ends, default=0.0),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def is_sweep(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == KIND
+
+
+def markdown_table(sweep: dict, categories: tuple[str, ...] = ("urgent", "normal")) -> str:
+    """One row per (hardware, cap, agents); per policy, each category's mean utility, then urgent response."""
+    policies = list(dict.fromkeys(p["policy"] for p in sweep["points"]))
+    rows: dict[tuple, dict[str, dict]] = {}
+    for p in sweep["points"]:
+        rows.setdefault((p["hw"], p["cap"], p["agents"]), {})[p["policy"]] = p
+    head = ["hw", "cap", "agents"] + [f"{pol} {c[0]}" for pol in policies for c in categories] \
+        + [f"{pol} urgent resp (s)" for pol in policies]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
+    for (hw, cap, agents), by_policy in rows.items():
+        utility = [_mean(by_policy.get(pol), c, "utility") for pol in policies for c in categories]
+        response = [_mean(by_policy.get(pol), "urgent", "response_time") for pol in policies]
+        lines.append(f"| {hw} | {cap or 'none'} | {agents} | " + " | ".join(utility + response) + " |")
+    return "\n".join(lines)
+
+
+def _mean(point: dict | None, category: str, metric: str) -> str:
+    summary = (point or {}).get("summary", {}).get(category)
+    return fmt_metric(summary.get(f"mean_{metric}") if summary else None)
+
+
+def default_jobs() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
