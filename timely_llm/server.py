@@ -219,7 +219,7 @@ class Server:
             parked = request.id in self.parked
             needed = 0 if parked else self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
             free = needed if parked else self.engine.free_kv_blocks()
-            if not self.batch.admits(list(self.running.values()), now, free, needed):
+            if not self.batch.admits(list(self.running.values()), now, free, needed, request):
                 if parked or not self.parked:
                     break
                 self._suspend_parked()  # they rank below this one: free what they hold and retry

@@ -95,16 +95,23 @@ class BatchController:
     def has_room(self, running: int) -> bool:
         return self.max_batch is None or running < self.max_batch
 
-    def admits(self, running: Sequence[Request], now: float, free_blocks: int, needed_blocks: int) -> bool:
+    def admits(self, running: Sequence[Request], now: float, free_blocks: int, needed_blocks: int,
+               newcomer: Request | None = None) -> bool:
         if not self.has_room(len(running)) or needed_blocks > free_blocks:
             return False
         if not self.adaptive or not running:
             return True
         n = len(running)
         step_now, step_grown = self.step_time(n), self.step_time(n + 1)
+        due = None if newcomer is None else self.budget(newcomer, now)
+        own = 0.0 if newcomer is None else self.wcet(newcomer, n + 1)
         for r in running:
-            left = max(r.robot.segment_max_tokens - r.seg_tokens, 1)
             budget = self.budget(r, now)
+            if due is not None and budget >= due:
+                continue  # only a more urgent generation (earlier deadline) vetoes
+            left = max(r.robot.segment_max_tokens - r.seg_tokens, 1)
             if left * step_now <= budget < left * step_grown:
+                if due is not None and due - left * step_now < own:
+                    continue  # waiting for it would make the newcomer late too: no gain in refusing
                 return False
         return True
