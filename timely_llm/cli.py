@@ -89,7 +89,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         from timely_llm.engines.vllm_engine import VllmEngine
 
-        setup = EngineSetup.real(f"vllm:{args.model or 'tiny'}", VllmEngine(args.model, seed=args.seed))
+        scheduling = "priority" if args.policy == "vllm-priority" else "fcfs"
+        cap = {"max_num_seqs": args.max_batch} if args.max_batch else {}
+        engine = VllmEngine(args.model, seed=args.seed, scheduling_policy=scheduling, **cap)
+        setup = EngineSetup.real(f"vllm:{args.model or 'tiny'}", engine)
     else:
         setup = EngineSetup.simulator(profile)
     result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch)

@@ -70,6 +70,7 @@ class VllmEngine(Engine):
         kv_offloading_gib: float | None = None,
         seed: int = 0,
         max_num_seqs: int = 64,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         """Create the engine in this process.
 
@@ -77,7 +78,9 @@ class VllmEngine(Engine):
         ``kv_cache_gib`` sizes the KV cache on CPU and GPU alike (vLLM's
         ``kv_cache_memory_bytes``); a ``VLLM_CPU_KVCACHE_SPACE`` set in the
         environment still overrides it on CPU. ``kv_offloading_gib`` adds a host
-        memory tier for evicted KV blocks (GPU only).
+        memory tier for evicted KV blocks (GPU only). ``scheduling_policy`` is vLLM's
+        own (``"fcfs"`` or ``"priority"``: then each generation's ``priority`` orders
+        vLLM's waiting queue and picks its preemption victim).
         """
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,12 +94,14 @@ class VllmEngine(Engine):
             kv_cache_memory_bytes=int(kv_cache_gib * GIB),
             seed=seed,
             max_num_seqs=max_num_seqs,
+            scheduling_policy=scheduling_policy,
             enable_prefix_caching=True,
             async_scheduling=False,
             logits_processors=[ForcedTokensProcessor],
             **_offloading_args(kv_offloading_gib),
         )
         self._engine = LLMEngine.from_engine_args(args)
+        self._priority_scheduling = scheduling_policy == "priority"
         self._max_model_len = max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
@@ -113,7 +118,8 @@ class VllmEngine(Engine):
         gen = _Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
         gen.request_id = f"{spec.gen_id}#{gen.starts}"
         try:
-            self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id))
+            self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id),
+                         spec.priority)
         except ValueError as exc:  # vLLM's own validation of the request
             raise EngineRejected(f"{spec.gen_id}: {exc}") from exc
         gen.starts += 1
@@ -181,6 +187,7 @@ class VllmEngine(Engine):
         context: list[int],
         max_tokens: int,
         forced: list[int] | None,
+        priority: int = 0,
     ) -> None:
         params = SamplingParams(
             temperature=0.0,
@@ -189,7 +196,9 @@ class VllmEngine(Engine):
             detokenize=False,
             extra_args={FORCED_KEY: forced} if forced is not None else None,
         )
-        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params)
+        # vLLM refuses a priority under FCFS scheduling; FCFS orders by arrival alone.
+        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params,
+                                 priority=priority if self._priority_scheduling else 0)
 
     def _stop_request(self, gen: _Generation) -> None:
         request_id, gen.request_id = gen.request_id, None
