@@ -1,5 +1,3 @@
-from glob import glob
-
 from setuptools import find_packages, setup
 
 PACKAGE = "timely_llm"
@@ -11,13 +9,6 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     package_data={PACKAGE: ["hw/*.yaml", "workloads/*.yaml", "models/*", "models/tiny/*"]},
-    data_files=[
-        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
-        (f"share/{PACKAGE}", ["package.xml"]),
-        (f"share/{PACKAGE}/launch", glob("launch/*.py")),
-        (f"share/{PACKAGE}/config", glob("config/*.yaml")),
-        (f"share/{PACKAGE}/skill_models", glob("skill_models/*.yaml")),
-    ],
     python_requires=">=3.10",
     install_requires=["numpy", "pyyaml", "matplotlib"],
     extras_require={

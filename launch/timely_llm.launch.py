@@ -1,19 +1,55 @@
-"""Start timely_llm_server with config/timely_llm.yaml (or params_file:=...)."""
+"""Start the timely_llm_server node, active (configured and serving goals) unless ``autostart:=false``.
 
-from pathlib import Path
+    ros2 launch timely_llm timely_llm.launch.py [params_file:=F] [engine:=sim|vllm] [policy:=P] [model:=DIR]
+                                                [hw_profile:=NAME] [namespace:=NS] [autostart:=true|false]
+
+Parameters come from ``params_file`` (default: the installed config/timely_llm.yaml); each of engine, policy,
+model and hw_profile given on the command line overrides the file. With ``autostart:=false`` the lifecycle node
+waits unconfigured for its transitions (configure, activate).
+"""
+
+import os
 
 from ament_index_python.packages import get_package_share_directory
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.launch_context import LaunchContext
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
 
 from launch import LaunchDescription
 
+OVERRIDES = {
+    "engine": "sim (replays LRTrace plans) or vllm (embedded vLLM on the CPU)",
+    "policy": "timelyllm, vllm, vllm-stream, fcfs, edf, ...",
+    "model": "vllm: Hugging Face model directory (empty: the shipped tiny model)",
+    "hw_profile": "sim: hardware profile name or YAML file",
+}
+
 
 def generate_launch_description() -> LaunchDescription:
-    default_params = Path(get_package_share_directory("timely_llm")) / "config" / "timely_llm.yaml"
+    default_params = os.path.join(get_package_share_directory("timely_llm"), "config", "timely_llm.yaml")
     return LaunchDescription([
-        DeclareLaunchArgument("params_file", default_value=str(default_params)),
-        Node(package="timely_llm", executable="timely-llm", name="timely_llm_server", output="screen",
-             arguments=["serve"], parameters=[LaunchConfiguration("params_file")]),
+        DeclareLaunchArgument("params_file", default_value=default_params, description="node parameters YAML"),
+        DeclareLaunchArgument("namespace", default_value="", description="namespace of the node"),
+        DeclareLaunchArgument("autostart", default_value="true", choices=["true", "false"],
+                              description="configure and activate the node at startup"),
+        *(DeclareLaunchArgument(name, default_value="", description=f"{text}; empty: as in params_file")
+          for name, text in OVERRIDES.items()),
+        OpaqueFunction(function=_server_node),
     ])
+
+
+def _server_node(context: LaunchContext) -> list[Node]:
+    given = [name for name in OVERRIDES if LaunchConfiguration(name).perform(context)]
+    overrides = {name: ParameterValue(LaunchConfiguration(name), value_type=str) for name in given}
+    return [Node(
+        package="timely_llm",
+        executable="timely-llm",
+        arguments=["serve"],
+        name="timely_llm_server",
+        namespace=LaunchConfiguration("namespace"),
+        output="screen",
+        parameters=[LaunchConfiguration("params_file"),
+                    {"autostart": LaunchConfiguration("autostart"), **overrides}],
+    )]

@@ -7,7 +7,7 @@ venv="$repo/.venv"
 build="$repo/build/ros"
 bash "$repo/scripts/setup_env.sh" "$venv" "$build"
 # shellcheck source=/dev/null
-. "$repo/scripts/ros_env.sh" "$venv" "$build"
+. "$repo/scripts/ros_env.sh" "$venv"
 cd "$repo"
 "$venv/bin/ruff" check timely_llm test
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" test

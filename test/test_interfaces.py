@@ -1,7 +1,7 @@
 """The generated ROS 2 interfaces import and travel between two rclpy nodes.
 
-Needs the interfaces built by scripts/build_interfaces.sh and scripts/ros_env.sh sourced
-(scripts/test.sh does both); without them the import fails rather than skipping.
+Needs the interfaces that scripts/build_interfaces.sh installs into the venv
+(scripts/setup_env.sh runs it); without them the import fails rather than skipping.
 """
 
 from __future__ import annotations

@@ -38,7 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
     _add_table(sub.add_parser("table", help="markdown table of bench results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(_without_ros_args(argv))
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if getattr(args, "ros_argv", None) is not None:
+        args.ros_argv = argv
+    elif "--ros-args" in argv:
+        parser.error(f"{args.command} takes no ROS arguments (--ros-args): only serve does")
     try:
         return args.run(args)
     except ConfigError as exc:
@@ -261,20 +269,58 @@ def _sched(args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_ros_args(argv: list[str]) -> list[str]:
+    """``argv`` less its ROS arguments (``--ros-args ...`` up to ``--`` or the end, anywhere), as rclpy reads them."""
+    if "--ros-args" not in argv:
+        return argv
+    from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
+    from rclpy.utilities import remove_ros_args
+
+    try:
+        return remove_ros_args(["timely-llm", *argv])[1:]
+    except (rcl.RCLError, rcl.UnknownROSArgsError) as exc:
+        raise _ros_args_error(exc) from exc
+
+
+def _ros_args_error(exc: Exception) -> ConfigError:
+    from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
+
+    reason = str(exc).split(", at ")[0]  # rcl appends its source locations
+    if isinstance(exc, rcl.UnknownROSArgsError):
+        reason = f"unknown ROS arguments {reason}"
+    return ConfigError("serve", "ROS arguments", reason)
+
+
 def _add_serve(p: argparse.ArgumentParser) -> None:
+    p.description = ("Run the node until SIGINT or SIGTERM. ROS arguments go anywhere after --ros-args (up to --), "
+                     "as for any ROS 2 executable: e.g. --ros-args -p policy:=fcfs --params-file F "
+                     "-r __node:=NAME; parameters set with -p win over --params.")
     p.add_argument("--params", help="ROS 2 parameters YAML file (e.g. config/timely_llm.yaml)")
-    p.add_argument("ros_args", nargs=argparse.REMAINDER, help="further ROS arguments (--ros-args ...)")
-    p.set_defaults(run=_serve)
+    p.set_defaults(run=_serve, ros_argv=[])
 
 
 def _serve(args: argparse.Namespace) -> int:
     from timely_llm.ros.node import main as serve
 
-    ros_args = list(args.ros_args)
-    if args.params:
-        ros_args += ([] if "--ros-args" in ros_args else ["--ros-args"]) + ["--params-file", args.params]
-    serve(["timely-llm", *ros_args])
-    return 0
+    # rcl applies parameter files and -p overrides in command-line order, so --params goes first.
+    params = ["--ros-args", "--params-file", args.params, "--"] if args.params else []
+    ros_argv = ["timely-llm", *params, *args.ros_argv]
+    _check_ros_args(ros_argv)
+    return serve(ros_argv)
+
+
+def _check_ros_args(argv: list[str]) -> None:
+    """ConfigError unless rcl accepts the ROS arguments in ``argv`` (it parses them on init)."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
+
+    context = Context()
+    try:
+        rclpy.init(args=argv, context=context)
+    except (rcl.RCLError, rcl.UnknownROSArgsError) as exc:
+        raise _ros_args_error(exc) from exc
+    context.try_shutdown()
 
 
 def _add_replay_args(p: argparse.ArgumentParser) -> None:

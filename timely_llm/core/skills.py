@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from timely_llm.errors import ConfigError, read_mapping
+from timely_llm.share import share_dir
 
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
 
@@ -196,14 +196,18 @@ def _require(data: dict, key: str, kind: type | tuple[type, ...], source: str, p
 
 
 def skill_model_dir() -> Path:
-    """``skill_models/`` beside the package (source tree) or under ``share/timely_llm`` (installed)."""
-    beside = Path(__file__).resolve().parents[2] / "skill_models"
-    return beside if beside.is_dir() else Path(sys.prefix) / "share" / "timely_llm" / "skill_models"
+    """``skill_models/`` of the checkout or of the installed package (see :func:`timely_llm.share.share_dir`)."""
+    return share_dir() / "skill_models"
 
 
 def load_skill_models(paths: list[str | Path] | None = None) -> dict[str, SkillModel]:
-    """Load skill models by robot name (default: every file in ``skill_models/``)."""
-    files = [Path(p) for p in paths] if paths else sorted(skill_model_dir().glob("*.yaml"))
+    """Load skill models by robot name (default: every file in ``skill_models/``, which must hold one)."""
+    if paths:
+        files = [Path(p) for p in paths]
+    else:
+        files = sorted(skill_model_dir().glob("*.yaml"))
+        if not files:
+            raise ConfigError(str(skill_model_dir()), "*.yaml", "no skill models: no robot type would be known")
     models = {}
     for f in files:
         model = load_skill_model(f)

@@ -1,0 +1,272 @@
+"""ROS-native packaging and the command line, run as a user runs them, each in a process of its own.
+
+- ``timely-llm serve`` from an activated venv with nothing sourced: ROS arguments anywhere, ``-p`` beating the
+  parameters file, a clear refusal when no robot type is known.
+- A fresh colcon workspace (this checkout in ``src/``, plain ``colcon build``, ``source install/setup.bash``):
+  the command line launch_ros builds against the installed executable, and the launch file itself, run the way
+  ``ros2 launch`` runs it (the Jazzy ``launch``/``launch_ros`` sources in ../shared/ros2-launch), each serve a goal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rclpy.node import Node
+from rclpy.parameter_client import AsyncParameterClient
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.ros.fleet import ros_session
+from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
+from timely_llm.workloads.traces import load_catalog
+
+pytestmark = pytest.mark.ros
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+SERVER = "timely_llm_server"
+START_TIMEOUT_S = 120.0
+"""Node start (sim engine) on a loaded 2-core machine; the vLLM engine is not started here."""
+RESULT_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+BUILD_TIMEOUT_S = 1500.0
+TRACE_ID = 1  # a tello trace
+_DOMAINS = itertools.count()
+ROS_ENV_VARS = ("AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "RMW_IMPLEMENTATION",
+                "COLCON_PREFIX_PATH", "_ROS_WHEELS_BOOTSTRAP_COMPLETE")
+
+
+def _domain() -> int:
+    return 1 + (os.getpid() + 50 + next(_DOMAINS)) % 99
+
+
+def _venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict[str, str]:
+    """An activated venv and nothing else ROS: no ros_env.sh, no setup.bash; ``pythonpath`` (default: this
+    checkout, where `pip install -e .` of it points, even from a git worktree)."""
+    env = {k: v for k, v in os.environ.items() if k not in ROS_ENV_VARS}
+    env.update(VIRTUAL_ENV=str(VENV_BIN.parent), PATH=f"{VENV_BIN}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+               ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return env | extra
+
+
+@contextmanager
+def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+    """``argv`` running; on exit SIGINT, and it must exit 0 in time (its output is shown if not)."""
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(STOP_TIMEOUT_S)
+        assert code == 0, f"exit code {code}:\n{_tail(log)}"
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        print(_tail(log))
+        raise
+    finally:
+        log.close()
+
+
+def _tail(log: object, chars: int = 4000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read()[-chars:]
+
+
+@contextmanager
+def _client(domain: int) -> Iterator[tuple[Node, PlanLink]]:
+    with ros_session(domain) as (context, executor):
+        node = Node("test_packaging_client", context=context)
+        executor.add_node(node)
+        try:
+            yield node, PlanLink(node)
+        finally:
+            executor.remove_node(node)
+            node.destroy_node()
+
+
+def _parameters(node: Node, server: str, names: list[str]) -> dict[str, object]:
+    client = AsyncParameterClient(node, server)
+    assert client.wait_for_services(timeout_sec=START_TIMEOUT_S), f"no parameter services of {server}"
+    future = client.get_parameters(names)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert future.done(), "get_parameters went unanswered"
+    values = future.result().values
+    return {name: _value(v) for name, v in zip(names, values, strict=True)}
+
+
+def _value(v: object) -> object:
+    return {1: v.bool_value, 2: v.integer_value, 3: v.double_value, 4: v.string_value}.get(v.type)
+
+
+def _serve_one_goal(link: PlanLink) -> None:
+    assert link.wait_for_server(START_TIMEOUT_S), "the node's action server never appeared"
+    robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(load_skill_models()["tello"], time_scale=0.1))
+    try:
+        outcome = robot.request(load_catalog()[TRACE_ID].prompt, None, TRACE_ID).wait(RESULT_TIMEOUT_S)
+    finally:
+        robot.close()
+    assert outcome.status == "succeeded" and outcome.result.num_segments == len(outcome.segments) > 0
+
+
+# ----- timely-llm serve from an activated venv -----
+
+def test_serve_help_from_an_activated_venv() -> None:
+    out = subprocess.run([VENV_BIN / "timely-llm", "serve", "--help"], env=_venv_env(_domain()),
+                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert out.returncode == 0 and "--ros-args" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("order", ["ros_args_last", "ros_args_first", "ros_args_before_serve"])
+def test_serve_takes_ros_args_anywhere_and_overrides_beat_the_params_file(tmp_path: Path, order: str) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(f"{SERVER}:\n  ros__parameters:\n    policy: edf\n    max_new_tokens: 200\n")
+    ros_args = ["--ros-args", "-p", "policy:=fcfs", "--"]
+    argv = {"ros_args_last": ["serve", "--params", str(params), *ros_args],
+            "ros_args_first": ["serve", *ros_args, "--params", str(params)],
+            "ros_args_before_serve": [*ros_args, "serve", "--params", str(params)]}[order]
+    domain = _domain()
+    with _process([str(VENV_BIN / "timely-llm"), *argv], _venv_env(domain)), _client(domain) as (node, link):
+        assert _parameters(node, SERVER, ["policy", "max_new_tokens"]) == {"policy": "fcfs", "max_new_tokens": 200}
+        _serve_one_goal(link)
+
+
+def test_bad_ros_args_exit_2_with_a_reason() -> None:
+    for argv, reason in ((["serve", "--ros-args", "--no-such-flag"], "unknown ROS arguments"),
+                         (["serve", "--params", "/nonexistent/params.yaml"], "params file"),
+                         (["table", "r.json", "--ros-args", "-p", "policy:=fcfs"], "only serve")):
+        out = subprocess.run([VENV_BIN / "timely-llm", *argv], env=_venv_env(_domain()), capture_output=True,
+                             text=True, timeout=START_TIMEOUT_S)
+        assert out.returncode == 2 and reason in out.stderr, (argv, out.stderr)
+
+
+def test_node_without_skill_models_refuses_to_start(tmp_path: Path) -> None:
+    """An install whose share/timely_llm has no skill_models/ (the package outside a checkout, found through
+    the ament index): the node must not start knowing no robot type."""
+    shutil.copytree(REPO / "timely_llm", tmp_path / "python" / "timely_llm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    prefix = tmp_path / "prefix"
+    (prefix / "share" / "ament_index" / "resource_index" / "packages").mkdir(parents=True)
+    (prefix / "share" / "ament_index" / "resource_index" / "packages" / "timely_llm").touch()
+    (prefix / "share" / "timely_llm").mkdir()
+    env = _venv_env(_domain(), tmp_path / "python", AMENT_PREFIX_PATH=str(prefix))
+    out = subprocess.run([VENV_BIN / "timely-llm", "serve"], env=env, capture_output=True, text=True,
+                         timeout=START_TIMEOUT_S)
+    assert out.returncode != 0 and "no skill models" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert str(prefix / "share" / "timely_llm" / "skill_models") in out.stdout + out.stderr
+
+
+# ----- a fresh colcon workspace -----
+
+def _ros2_launch_sources() -> Path:
+    """../shared/ros2-launch beside the checkout (beside the main checkout, for a git worktree)."""
+    common = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    for root in (REPO, Path(common).parent):
+        if (root.parent / "shared" / "ros2-launch" / "launch_ros").is_dir():
+            return root.parent / "shared" / "ros2-launch"
+    raise AssertionError(f"no ../shared/ros2-launch beside {REPO}")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's files (as a commit of the working tree would hold them) in ws/src, built by a plain
+    `colcon build` over the venv's ROS and an underlay with the composition_interfaces that launch_ros needs
+    (part of a ROS installation, missing from the wheels: its lint tests need tools the wheels lack)."""
+    ws = tmp_path_factory.mktemp("ws")
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (ws / "src" / "timely_llm" / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, ws / "src" / "timely_llm" / name)
+    underlay = tmp_path_factory.mktemp("underlay")
+    shutil.copytree(_ros2_launch_sources() / "composition_interfaces", underlay / "src" / "composition_interfaces")
+    _run_sourced(underlay, [], "colcon build --cmake-args -DBUILD_TESTING=OFF")
+    _run_sourced(ws, [underlay], "colcon build")
+    return Workspace(ws, underlay)
+
+
+def _run_sourced(ws: Path, underlays: list[Path], command: str) -> None:
+    build = subprocess.run(_sourced(underlays, command), cwd=ws, env=_venv_env(0, None), capture_output=True,
+                           text=True, timeout=BUILD_TIMEOUT_S)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+
+
+def _sourced(workspaces: list[Path], command: str) -> list[str]:
+    """``command`` run as a user runs it: the venv's ROS, then each workspace's install/setup.bash."""
+    setups = "".join(f". {ws}/install/setup.bash && " for ws in workspaces)
+    return ["bash", "-c", f". {REPO / 'scripts' / 'ros_env.sh'} {VENV_BIN.parent} && {setups}exec {command}"]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    underlay: Path
+
+    def sourced(self, command: str) -> list[str]:
+        return _sourced([self.underlay, self.root], command)
+
+
+def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
+    script = ("import timely_llm.msg, timely_llm.cli as cli; from timely_llm.core.skills import skill_model_dir; "
+              "print(cli.__file__, skill_model_dir())")
+    out = subprocess.run(workspace.sourced(f"python -c '{script}'"), cwd=workspace.root, env=_venv_env(0, None),
+                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    install = workspace.root / "install" / "timely_llm"
+    assert out.stdout.split() == [f"{install}/lib/python3.11/site-packages/timely_llm/cli.py",
+                                  f"{install}/share/timely_llm/skill_models"]
+
+
+def test_launch_ros_command_line_serves_a_goal(workspace: Workspace) -> None:
+    install = workspace.root / "install" / "timely_llm"
+    command = (f"{install}/lib/timely_llm/timely-llm serve --ros-args -r __node:={SERVER} "
+               f"--params-file {install}/share/timely_llm/config/timely_llm.yaml -p policy:=timelyllm")
+    domain = _domain()
+    with _process(workspace.sourced(command), _venv_env(domain, None), workspace.root), \
+            _client(domain) as (node, link):
+        assert _parameters(node, SERVER, ["policy"]) == {"policy": "timelyllm"}
+        _serve_one_goal(link)
+
+
+LAUNCH = """
+import sys
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchService
+from launch.actions import IncludeLaunchDescription
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+path = get_package_share_directory("timely_llm") + "/launch/timely_llm.launch.py"
+arguments = [tuple(a.split(":=", 1)) for a in sys.argv[1:]]
+service = LaunchService()
+service.include_launch_description(
+    IncludeLaunchDescription(PythonLaunchDescriptionSource(path), launch_arguments=arguments))
+sys.exit(service.run())
+"""
+
+
+def test_launch_file_starts_the_node_active(workspace: Workspace) -> None:
+    """What `ros2 launch timely_llm timely_llm.launch.py policy:=edf` does; SIGINT stops it cleanly."""
+    domain = _domain()
+    env = _venv_env(domain, _ros2_launch_sources())
+    with _process(workspace.sourced(f"python -c '{LAUNCH}' policy:=edf"), env, workspace.root), \
+            _client(domain) as (node, link):
+        assert _parameters(node, SERVER, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
+        _serve_one_goal(link)
