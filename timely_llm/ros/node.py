@@ -29,10 +29,10 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
 from timely_llm.errors import RequestRejected
-from timely_llm.server import POLICIES, PlanRequest, Server, request_record
-from timely_llm.workloads.traces import TraceCatalog, load_catalog
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.server import POLICIES, PlanRequest, Server, request_record
+from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1

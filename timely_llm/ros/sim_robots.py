@@ -29,9 +29,9 @@ from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.minispec import Value
 from timely_llm.executors.tello import FakeScene, SceneObject, TelloExecutor, use_client_ports
 from timely_llm.executors.tello_sim import TelloSimulator, tello_command_duration
+from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.robot_client import SegmentRunner, SimulatedSkills, arm_runner, segment_rng, tello_runner
 from timely_llm.workloads.traces import TraceCatalog
-from timely_llm.ros.interfaces import Segment as SegmentMsg
 
 FIRST_DRONE_IP = ipaddress.IPv4Address("127.0.0.2")
 SCENE_DISTANCE_CM = 100.0
