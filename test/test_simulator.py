@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from record_checks import check_record
 
 from timely_llm.cli import main
 from timely_llm.core.skills import load_skill_models
@@ -17,7 +18,6 @@ from timely_llm.workloads.traces import load_catalog
 SKILLS = load_skill_models()
 CATALOG = load_catalog()
 PROFILE = load_profile("rtx4090-llama3-8b")
-EPS = 1e-9
 
 
 def small_workload(seed=0, traces=tuple(range(1, 12)), duration=60.0):
@@ -29,27 +29,6 @@ def test_profile_matches_table_1():
     assert PROFILE.step_time([], [2900]) == pytest.approx(0.0219, abs=0.0003)
     h100 = load_profile("h100-llama3-8b")
     assert h100.step_time([(100, 100)], [50] * 4) == pytest.approx(0.00575 + 100 * 17.25e-6 + 4 * 6e-6)
-
-
-def check_record(rec, latency):
-    assert rec["status"] == "succeeded", rec
-    segs = rec["segments"]
-    assert segs and [s["index"] for s in segs] == list(range(len(segs)))
-    for i, s in enumerate(segs):
-        assert s["gen_start"] <= s["gen_end"]
-        assert s["exec_start"] >= s["gen_end"] + latency - EPS
-        assert s["exec_end"] >= s["exec_start"]
-        if i:
-            assert s["exec_start"] >= segs[i - 1]["exec_end"] - EPS
-    arrival = rec["arrival"]
-    assert rec["response_time"] == pytest.approx(segs[0]["exec_start"] - arrival)
-    assert rec["completion_time"] == pytest.approx(segs[-1]["exec_end"] - arrival)
-    assert rec["exec_time"] == pytest.approx(sum(s["exec_end"] - s["exec_start"] for s in segs))
-    assert rec["waiting_time"] == pytest.approx(rec["completion_time"] - rec["exec_time"])
-    tuf = rec["tuf"]
-    expected = min(tuf["beta"], tuf["alpha"] * (rec["response_time"] - tuf["ert"]) + tuf["beta"])
-    assert rec["utility"] == pytest.approx(expected)
-    assert "".join(s["text"] for s in segs) == CATALOG[rec["trace"]].plan
 
 
 @pytest.mark.parametrize("policy", BENCH_POLICIES)

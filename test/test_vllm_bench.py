@@ -3,6 +3,7 @@
 from collections.abc import Iterator
 
 import pytest
+from record_checks import check_record
 
 from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.hardware import load_profile
@@ -27,8 +28,6 @@ def engine() -> Iterator[VllmEngine]:
 
 @pytest.mark.parametrize("policy", ["timelyllm", "vllm"])
 def test_replayed_workload_on_vllm_obeys_the_record_definitions(engine, policy):
-    from test_simulator import check_record
-
     workload = generate(WorkloadSpec("short", 1.0, 3, (1, 6, 7, 9), 6, 4.0), CATALOG, SKILLS, seed=3)
     result = run_bench(workload, policy, EngineSetup.real("vllm:tiny", engine), SKILLS, CATALOG, seed=3)
     assert len(result["requests"]) == len(workload.requests) >= 3

@@ -10,11 +10,14 @@ batch has room for it and nothing more urgent waits for that room) or suspends i
 A request ends (``on_finish``) once its plan is generated and the robot has
 reported every segment executed, or when it is aborted or canceled; no accepted
 request ends any other way.
+
+A request's status and its place (queue, ``running``, ``parked``, the engine) change
+together, in one method per transition of the state machine drawn in
+``timely_llm.core.request``; ``_finish`` is the one exit.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,7 +89,10 @@ class Server:
         self.network_latency = network_latency
         self.default_max_new_tokens = default_max_new_tokens
         self.queue = GenerationQueue(make_policy(policy.priority, network_latency))
-        self.batch = BatchController(policy.adaptive_batch, max_batch or DEFAULT_MAX_BATCH, network_latency)
+        max_batch = max_batch or DEFAULT_MAX_BATCH
+        if engine.max_batch is not None:  # more would only wait inside the engine, out of our scheduling
+            max_batch = min(max_batch, engine.max_batch)
+        self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency)
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
         self.requests: dict[str, Request] = {}
@@ -124,7 +130,7 @@ class Server:
             segment = request.segments[index]
             segment.exec_start, segment.exec_end, segment.success = exec_start, exec_end, success
             if not success:
-                self._end(request, Status.ABORTED, f"robot failed segment {index}: {reason or 'no reason given'}")
+                self._finish(request, Status.ABORTED, f"robot failed segment {index}: {reason or 'no reason given'}")
                 return
             if index == len(request.segments) - 1:
                 self._set_prev_end(request, exec_end)
@@ -143,7 +149,7 @@ class Server:
             request = self.requests.get(request_id)
             if request is None or request.status.ended:
                 return False
-            self._end(request, status, reason)
+            self._finish(request, status, reason)
         self.clock.wake()
         return True
 
@@ -165,7 +171,7 @@ class Server:
                 out = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - an engine crash ends its requests, not the loop
                 for request in list(self.running.values()):
-                    self._end(request, Status.ABORTED, f"engine error: {exc}")
+                    self._finish(request, Status.ABORTED, f"engine error: {exc}")
                 return True
         # A modelled step elapses without the lock, so requests and robot reports are not held up.
         self.clock.sleep_until(started + out.duration)
@@ -224,34 +230,82 @@ class Server:
                     break
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
                 continue
-            self.queue.remove(request.id)
             if parked:
-                del self.parked[request.id]
-                request.status = Status.RUNNING
-                self.running[request.id] = request
+                self._keep_running(request)
             else:
-                self._start(request, now)
+                self._run(request, now)
         self._suspend_parked()
 
     def _suspend_parked(self) -> None:
-        for request in self.parked.values():
-            self.engine.suspend(request.id)
-            request.seg_gen_start = None
-        self.parked.clear()
+        for request in list(self.parked.values()):
+            self._suspend(request)
 
-    def _start(self, request: Request, now: float) -> None:
+    # ----- transitions: each changes a request's status and its place together -----
+
+    def _run(self, request: Request, now: float) -> None:
+        """WAITING or SUSPENDED -> RUNNING: out of the queue, (re)started in the engine."""
         priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
         spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
                               request.max_new_tokens, request.forced_ids, priority)
         try:
             self.engine.start(spec)
         except EngineRejected as exc:
-            self._end(request, Status.ABORTED, f"engine rejected the request: {exc}")
+            self._finish(request, Status.ABORTED, f"engine rejected the request: {exc}")
             return
-        request.status = Status.RUNNING
+        request.advance(Status.RUNNING)
+        self.queue.remove(request.id)
+        self.running[request.id] = request
         if request.seg_gen_start is None:
             request.seg_gen_start = now
+
+    def _park(self, request: Request) -> None:
+        """RUNNING -> PARKED: a segment was dispatched; queued again, still in the engine."""
+        request.advance(Status.PARKED)
+        del self.running[request.id]
+        self.parked[request.id] = request
+        self.queue.push(request)
+
+    def _keep_running(self, request: Request) -> None:
+        """PARKED -> RUNNING: picked at the next scheduling point, it goes on where it is."""
+        request.advance(Status.RUNNING)
+        self.queue.remove(request.id)
+        del self.parked[request.id]
         self.running[request.id] = request
+
+    def _suspend(self, request: Request) -> None:
+        """PARKED -> SUSPENDED: passed over; the engine drops it from the batch, keeping its context cached."""
+        request.advance(Status.SUSPENDED)
+        del self.parked[request.id]
+        self.engine.suspend(request.id)
+        request.seg_gen_start = None
+
+    def _generated(self, request: Request) -> None:
+        """RUNNING -> GENERATED: the plan is complete; the engine forgets the generation."""
+        request.advance(Status.GENERATED)
+        del self.running[request.id]
+        self.engine.release(request.id)
+
+    def _finish(self, request: Request, status: Status, reason: str) -> None:
+        """Any live status -> SUCCEEDED, ABORTED or CANCELED: the one exit.
+
+        Frees whatever the request held (queue row, batch or parked slot, engine state),
+        records why it ended and tells ``on_finish``.
+        """
+        came_from = request.advance(status)
+        request.reason = reason
+        if came_from.queued:
+            self.queue.remove(request.id)
+        if came_from is Status.RUNNING:
+            del self.running[request.id]
+        elif came_from is Status.PARKED:
+            del self.parked[request.id]
+        try:
+            if came_from.in_engine:
+                self.engine.release(request.id)
+        finally:
+            self.on_finish(request)
+
+    # ----- engine output -----
 
     def _process(self, out: StepOutput, now: float) -> None:
         for gen_id, info in out.started.items():
@@ -259,7 +313,7 @@ class Server:
                 self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
         for gen_id, cause in out.failed.items():
             if gen_id in self.running:
-                self._end(self.running[gen_id], Status.ABORTED, f"engine error: {cause}")
+                self._finish(self.running[gen_id], Status.ABORTED, f"engine error: {cause}")
         for gen_id in [*out.new_tokens, *(g for g in out.finished if g not in out.new_tokens)]:
             request = self.running.get(gen_id)
             if request is not None:
@@ -277,18 +331,13 @@ class Server:
         else:
             request.segmenter.hold(text)
         if finished:
-            request.finished_generating = True  # before the last dispatch, so on_segment sees it
+            self._generated(request)  # before the last dispatch, so on_segment sees it is final
             rest = request.segmenter.flush()
             if rest.strip() or not request.segments:
                 self._dispatch(request, rest, now)
-            self._leave_engine(request)
-            request.status = Status.GENERATED
             self._finish_if_done(request)
         elif dispatched and self.policy.segmented:
-            del self.running[request.id]
-            self.parked[request.id] = request
-            request.status = Status.SUSPENDED
-            self.queue.push(request)
+            self._park(request)
 
     def _dispatch(self, request: Request, text: str, now: float) -> None:
         robot = request.robot
@@ -308,47 +357,10 @@ class Server:
 
     def _set_prev_end(self, request: Request, exec_end: float) -> None:
         request.prev_end_est = exec_end
-        if request.id in self.queue:  # refresh its queue row: its priority depends on this
-            self.queue.remove(request.id)
-            self.queue.push(request)
-
-    def _leave_engine(self, request: Request) -> None:
-        if self.running.pop(request.id, None) is None and self.parked.pop(request.id, None) is None:
-            return
-        if request.finished_generating or request.status.ended:
-            self.engine.release(request.id)
-        else:
-            self.engine.suspend(request.id)
+        if request.status.queued:  # its priority depends on this
+            self.queue.update(request)
 
     def _finish_if_done(self, request: Request) -> None:
-        if request.finished_generating and all(s.exec_end is not None for s in request.segments):
-            self._end(request, Status.SUCCEEDED, "")
+        if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
+            self._finish(request, Status.SUCCEEDED, "")
 
-    def _end(self, request: Request, status: Status, reason: str) -> None:
-        if request.id in self.queue:
-            self.queue.remove(request.id)
-        request.status = status
-        request.reason = reason
-        self._leave_engine(request)
-        self.on_finish(request)
-
-
-def request_record(request: Request) -> dict:
-    """The per-request record ``timely-llm bench`` writes (times in the server clock's seconds)."""
-    segments = request.segments
-    executed = [s for s in segments if s.exec_start is not None and s.exec_end is not None]
-    record = {
-        "id": request.id, "agent": request.agent, "trace": request.trace, "category": request.category,
-        "robot": request.robot.robot, "status": request.status.value, "reason": request.reason,
-        "arrival": request.arrival, "tuf": request.tuf.to_dict(),
-        "response_time": None, "waiting_time": None, "exec_time": None, "completion_time": None, "utility": None,
-        "plan": "".join(s.text for s in segments), "output_tokens": len(request.output_ids),
-        "segments": [s.to_dict() for s in segments],
-    }
-    if request.status is Status.SUCCEEDED and executed:
-        response = segments[0].exec_start - request.arrival
-        completion = segments[-1].exec_end - request.arrival
-        exec_time = math.fsum(s.exec_end - s.exec_start for s in segments)
-        record.update(response_time=response, completion_time=completion, exec_time=exec_time,
-                      waiting_time=completion - exec_time, utility=request.tuf(response))
-    return record

@@ -30,6 +30,11 @@ class QueueColumns:
         self.size += 1
         return self.size - 1
 
+    def set(self, slot: int, values: tuple[float, ...]) -> None:
+        if not 0 <= slot < self.size:
+            raise IndexError(f"no row {slot} in a queue of {self.size}")
+        self.data[:, slot] = values
+
     def remove(self, slot: int) -> int:
         """Remove ``slot`` by moving the last row into it; returns the slot that moved."""
         last = self.size - 1

@@ -27,12 +27,12 @@ class GenerationQueue:
     def push(self, request: Request) -> None:
         if request.id in self._slot:
             raise ValueError(f"{request.id} is already queued")
-        tuf = request.tuf
-        self._slot[request.id] = self._columns.append((
-            request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
-            request.prev_end_est, request.robot.segment_generation_time,
-        ))
+        self._slot[request.id] = self._columns.append(_row(request))
         self._requests.append(request)
+
+    def update(self, request: Request) -> None:
+        """Rewrite a queued request's row in place after its scheduling parameters changed."""
+        self._columns.set(self._slot[request.id], _row(request))
 
     def remove(self, request_id: str) -> Request:
         slot = self._slot.pop(request_id)
@@ -50,3 +50,10 @@ class GenerationQueue:
             return None
         scores = self.policy.scores(self._columns, now)
         return self._requests[int(np.argmax(scores))]
+
+
+def _row(request: Request) -> tuple[float, ...]:
+    """The request's values for ``QueueColumns.NAMES``."""
+    tuf = request.tuf
+    return (request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
+            request.prev_end_est, request.robot.segment_generation_time)

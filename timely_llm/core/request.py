@@ -1,8 +1,41 @@
-"""A plan request and the state the scheduler keeps for it (cf. vLLM's ``Request``)."""
+"""A plan request and its life cycle: one status, changed only along checked transitions.
+
+Every request the server accepts goes through this state machine (cf. vLLM v1's
+``RequestStatus``). ``Request.advance`` is the only place its status changes and it
+refuses any move not drawn here::
+
+                     admit              plan complete (engine finished)
+        submit ──► WAITING ──► RUNNING ───────────────────────────► GENERATED
+                                ▲ │ ▲  ▲                                 │ robot reported
+                  picked again  │ │ │  │ resume                          │ every segment
+               (keeps running)  │ │ │  │                                 ▼
+                                │ ▼ │  │                              SUCCEEDED
+          segment dispatched ► PARKED ──passed over──► SUSPENDED
+          (segmented policy)
+
+        WAITING, RUNNING, PARKED, SUSPENDED, GENERATED ──cancel / abort / engine error──► CANCELED | ABORTED
+
+Where each status lives in the server (``Server`` keeps status and place together):
+
+=========  ===================  ===============================================
+status     server               engine
+=========  ===================  ===============================================
+WAITING    queue                nothing
+RUNNING    ``Server.running``   in the batch
+PARKED     queue, ``parked``    still in the batch until the next scheduling point
+SUSPENDED  queue                suspended: its context cached for the resume
+GENERATED  ``Server.requests``  nothing (released)
+ended      ``Server.requests``  nothing
+=========  ===================  ===============================================
+
+The three ended statuses are final; ``Server._finish`` is the one way into them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from dataclasses import dataclass, field
 
 from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
@@ -13,7 +46,8 @@ from timely_llm.core.tuf import TUF
 class Status(enum.Enum):
     WAITING = "waiting"  # queued, never started
     RUNNING = "running"  # in the engine's batch
-    SUSPENDED = "suspended"  # a segment was dispatched; queued for resume
+    PARKED = "parked"  # a segment was dispatched; queued, still in the engine until the next scheduling point
+    SUSPENDED = "suspended"  # passed over after a segment; queued for resume
     GENERATED = "generated"  # plan complete; robot still executing
     SUCCEEDED = "succeeded"
     ABORTED = "aborted"
@@ -21,7 +55,34 @@ class Status(enum.Enum):
 
     @property
     def ended(self) -> bool:
-        return self in (Status.SUCCEEDED, Status.ABORTED, Status.CANCELED)
+        return self in ENDED
+
+    @property
+    def queued(self) -> bool:
+        """In the generation queue."""
+        return self in (Status.WAITING, Status.PARKED, Status.SUSPENDED)
+
+    @property
+    def in_engine(self) -> bool:
+        """The engine holds the generation (running, or suspended with its context cached)."""
+        return self in (Status.RUNNING, Status.PARKED, Status.SUSPENDED)
+
+
+ENDED = frozenset({Status.SUCCEEDED, Status.ABORTED, Status.CANCELED})
+_STOPS = {Status.ABORTED, Status.CANCELED}
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.WAITING: frozenset({Status.RUNNING, *_STOPS}),
+    Status.RUNNING: frozenset({Status.PARKED, Status.GENERATED, *_STOPS}),
+    Status.PARKED: frozenset({Status.RUNNING, Status.SUSPENDED, *_STOPS}),
+    Status.SUSPENDED: frozenset({Status.RUNNING, *_STOPS}),
+    Status.GENERATED: frozenset({Status.SUCCEEDED, *_STOPS}),
+    **{s: frozenset() for s in ENDED},
+}
+"""The legal moves of the diagram above: status -> statuses it may go to."""
+
+
+class IllegalTransition(RuntimeError):
+    """A request was asked to move along a transition the state machine does not have."""
 
 
 @dataclass
@@ -59,8 +120,8 @@ class Request:
     forced_ids: list[int] | None = None
     category: str = "normal"
     trace: int | None = None
-    status: Status = Status.WAITING
     reason: str = ""
+    """Why the request ended, when it did not succeed."""
     output_ids: list[int] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     seg_tokens: int = 0
@@ -68,10 +129,28 @@ class Request:
     seg_gen_start: float | None = None
     prev_end_est: float = 0.0
     """Estimated end of the previous segment's execution (for k > 0)."""
-    finished_generating: bool = False
     last_start_cache: tuple[int, bool] | None = None
     detok: IncrementalDetokenizer | None = None
     segmenter: Segmenter | None = None
+    path: list[Status] = field(default_factory=lambda: [Status.WAITING], init=False)
+    """Every status the request has had, in order; the last is its status now."""
+
+    @property
+    def status(self) -> Status:
+        return self.path[-1]
+
+    def advance(self, to: Status) -> Status:
+        """Move to status ``to``; returns the status left. Raises IllegalTransition off the diagram."""
+        came_from = self.path[-1]
+        if to not in TRANSITIONS[came_from]:
+            raise IllegalTransition(f"request {self.id}: {came_from.value} -> {to.value} is not a transition")
+        self.path.append(to)
+        return came_from
+
+    @property
+    def finished_generating(self) -> bool:
+        """The whole plan was generated (so the last segment dispatched is the final one)."""
+        return Status.GENERATED in self.path
 
     @property
     def seg_index(self) -> int:
@@ -86,3 +165,64 @@ class Request:
     @property
     def context_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a request ended, with the metrics of a succeeded one (times in the server clock's seconds).
+
+    For a succeeded request (segment times as reported by its robot):
+    response time = first segment's execution start - arrival;
+    completion time = last segment's execution end - arrival;
+    execution time = sum of the segments' execution times;
+    waiting time = completion time - execution time (all the time the robot spent not executing);
+    utility = the request's TUF at its response time.
+    They are None for a request that did not succeed.
+    """
+
+    id: str
+    agent: str
+    trace: int | None
+    category: str
+    robot: str
+    status: Status
+    reason: str
+    arrival: float
+    tuf: TUF
+    plan: str
+    output_tokens: int
+    segments: tuple[Segment, ...]
+    response_time: float | None = None
+    waiting_time: float | None = None
+    exec_time: float | None = None
+    completion_time: float | None = None
+    utility: float | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> Outcome:
+        if not request.status.ended:
+            raise ValueError(f"request {request.id} has not ended ({request.status.value})")
+        segments = request.segments
+        outcome = cls(request.id, request.agent, request.trace, request.category, request.robot.robot,
+                      request.status, request.reason, request.arrival, request.tuf,
+                      "".join(s.text for s in segments), len(request.output_ids), tuple(segments))
+        if request.status is not Status.SUCCEEDED or not segments:
+            return outcome
+        response = segments[0].exec_start - request.arrival
+        completion = segments[-1].exec_end - request.arrival
+        exec_time = math.fsum(s.exec_end - s.exec_start for s in segments)
+        return dataclasses.replace(outcome, response_time=response, completion_time=completion,
+                                   exec_time=exec_time, waiting_time=completion - exec_time,
+                                   utility=request.tuf(response))
+
+    def to_record(self) -> dict:
+        """The per-request JSON record ``timely-llm bench`` writes."""
+        return {
+            "id": self.id, "agent": self.agent, "trace": self.trace, "category": self.category,
+            "robot": self.robot, "status": self.status.value, "reason": self.reason,
+            "arrival": self.arrival, "tuf": self.tuf.to_dict(),
+            "response_time": self.response_time, "waiting_time": self.waiting_time, "exec_time": self.exec_time,
+            "completion_time": self.completion_time, "utility": self.utility,
+            "plan": self.plan, "output_tokens": self.output_tokens,
+            "segments": [s.to_dict() for s in self.segments],
+        }

@@ -4,6 +4,16 @@ The server loop owns scheduling. An engine only runs the generations it is told
 to run, one iteration per ``step()``, and reports the token ids each produced.
 Suspending a generation keeps its context (KV cache where the engine can);
 starting it again with the tokens generated so far resumes it.
+
+The contract every engine keeps (test/test_engine_contract.py checks both):
+
+* ``start`` raises ``EngineRejected`` for a generation it cannot run, including
+  one that is already running; nothing else about the engine changes then.
+* ``suspend`` applies to a running generation, ``release`` to any generation the
+  engine knows (running, suspended, or ended by the engine itself). Either one
+  on an id the engine does not know raises ``KeyError``: the server's request
+  state machine knows exactly which generations the engine holds, so such a
+  call is a bug to surface, not to ignore.
 """
 
 from __future__ import annotations
@@ -73,6 +83,8 @@ class Engine(ABC):
     tokenizer: Tokenizer
     block_size: int
     """KV block size in tokens."""
+    max_batch: int | None = None
+    """Most generations the engine runs at once (vLLM's ``max_num_seqs``); None for no limit."""
 
     @abstractmethod
     def start(self, spec: GenerationSpec) -> None:
@@ -83,11 +95,17 @@ class Engine(ABC):
 
     @abstractmethod
     def suspend(self, gen_id: str) -> None:
-        """Stop decoding ``gen_id``; keep its context cached for a later resume."""
+        """Stop decoding running ``gen_id``; keep its context cached for a later resume.
+
+        Raises KeyError when ``gen_id`` is not running.
+        """
 
     @abstractmethod
     def release(self, gen_id: str) -> None:
-        """Forget ``gen_id`` (finished or canceled); its KV may be reused at once."""
+        """Forget ``gen_id`` (finished or canceled); its KV may be reused at once.
+
+        Raises KeyError when the engine does not know ``gen_id``.
+        """
 
     @abstractmethod
     def step(self) -> StepOutput:

@@ -36,6 +36,7 @@ class SimEngine(Engine):
         self.block_size = profile.block_tokens
         self.blocks = BlockManager(profile.num_kv_blocks, self.block_size)
         self._running: dict[str, _Generation] = {}
+        self._suspended: set[str] = set()
 
     def start(self, spec: GenerationSpec) -> None:
         if spec.gen_id in self._running:
@@ -49,13 +50,20 @@ class SimEngine(Engine):
             raise EngineRejected(f"context of {total} tokens exceeds max_model_len {self.profile.max_model_len}")
         if self.blocks_for(total + 1) > self.blocks.num_blocks:
             raise EngineRejected(f"context of {total} tokens cannot fit in KV memory")
+        self._suspended.discard(spec.gen_id)
         self._running[spec.gen_id] = _Generation(spec, list(spec.output_ids))
 
     def suspend(self, gen_id: str) -> None:
-        self._running.pop(gen_id, None)
-        self.blocks.release(gen_id)
+        del self._running[gen_id]  # KeyError when not running, as the Engine contract says
+        self.blocks.release(gen_id)  # its blocks stay in the prefix cache until reused
+        self._suspended.add(gen_id)
 
-    release = suspend  # the simulator keeps no state for a suspended generation but its cached blocks
+    def release(self, gen_id: str) -> None:
+        if gen_id in self._suspended:
+            self._suspended.remove(gen_id)
+            return
+        del self._running[gen_id]
+        self.blocks.release(gen_id)
 
     def free_kv_blocks(self) -> int:
         return self.blocks.free_blocks

@@ -106,13 +106,14 @@ class VllmEngine(Engine):
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
+        self.max_batch = max_num_seqs
         self._gens: dict[str, _Generation] = {}
         self._by_request: dict[str, str] = {}
 
     def start(self, spec: GenerationSpec) -> None:
         gen = self._gens.get(spec.gen_id)
         if gen is not None and gen.request_id is not None:
-            raise ValueError(f"generation {spec.gen_id} is already running")
+            raise EngineRejected(f"{spec.gen_id} is already running")
         context = spec.prompt_ids + spec.output_ids
         max_tokens = self._check_startable(spec, context)
         gen = _Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
@@ -129,12 +130,13 @@ class VllmEngine(Engine):
         self._by_request[gen.request_id] = spec.gen_id
 
     def suspend(self, gen_id: str) -> None:
-        self._stop_request(self._gens[gen_id])
+        gen = self._gens[gen_id]
+        if gen.request_id is None:
+            raise KeyError(f"{gen_id} is not running")
+        self._stop_request(gen)
 
     def release(self, gen_id: str) -> None:
-        gen = self._gens.pop(gen_id, None)
-        if gen is not None:
-            self._stop_request(gen)
+        self._stop_request(self._gens.pop(gen_id))
 
     def step(self) -> StepOutput:
         began = time.perf_counter()

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from timely_llm.clock import VirtualClock, WallClock
-from timely_llm.core.request import Request, Segment
+from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.core.skills import SkillModel
 from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.metrics import summarize
-from timely_llm.server import POLICIES, PlanRequest, Server, request_record
+from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -123,7 +123,7 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup
     clock = setup.new_clock()
     records: list[dict] = []
     server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, max_batch,
-                    on_finish=lambda r: records.append(request_record(r)))
+                    on_finish=lambda r: records.append(Outcome.of(r).to_record()))
     sim = Simulation(server, clock)
     robots = SimulatedRobots(skills, workload.network_latency, seed, sim.schedule, server.segment_done)
     server.on_segment = robots.on_segment

@@ -24,14 +24,14 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 
 from timely_llm.clock import WallClock
-from timely_llm.core.request import Request, Segment, Status
+from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall
 from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.server import POLICIES, PlanRequest, Server, request_record
+from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 IDLE_WAIT_S = 0.05
@@ -158,7 +158,7 @@ class TimelyLlmNode(Node):
         self.watchdog = Watchdog(self._param("segment_timeout_factor"), self._param("segment_timeout_margin"))
         self._lock = threading.Lock()
         self._channels: dict[str, queue.Queue] = {}
-        self._records: list[dict] = []
+        self._outcomes: list[Outcome] = []
         group = ReentrantCallbackGroup()
         self._action = ActionServer(self, RequestPlan, "request_plan", self._execute, callback_group=group,
                                     goal_callback=self._on_goal, cancel_callback=self._on_cancel)
@@ -230,13 +230,13 @@ class TimelyLlmNode(Node):
             channel.put(segment_message(request, segment))
 
     def _on_finish(self, request: Request) -> None:
-        record = request_record(request)
+        outcome = Outcome.of(request)
         with self._lock:
             self.watchdog.forget(request.id)
-            self._records.append(record)
+            self._outcomes.append(outcome)
             channel = self._channels.get(request.id)
         if channel is not None:
-            channel.put(record)
+            channel.put(outcome)
 
     # ----- action server -----
 
@@ -266,41 +266,45 @@ class TimelyLlmNode(Node):
             self._channels[request_id] = channel
         try:
             self.server.submit(plan_from_goal(goal_handle.request, request_id, self.rules))
-            record = self._relay(goal_handle, request_id, channel)
+            outcome = self._relay(goal_handle, request_id, channel)
         except RequestRejected as exc:
-            record = {"status": "aborted", "reason": str(exc), "plan": "", "segments": []}
+            goal_handle.abort()
+            self.get_logger().info(f"request {request_id} rejected: {exc}")
+            return RequestPlan.Result(status=Status.ABORTED.value, reason=str(exc),
+                                      **dict.fromkeys(("response_time", "waiting_time", "utility"), math.nan))
         finally:
             with self._lock:
                 del self._channels[request_id]
-        return self._conclude(goal_handle, record)
+        return self._conclude(goal_handle, outcome)
 
-    def _relay(self, goal_handle, request_id: str, channel: queue.Queue) -> dict:  # noqa: ANN001
-        """Forward segments as feedback until the request ends; returns its record."""
+    def _relay(self, goal_handle, request_id: str, channel: queue.Queue) -> Outcome:  # noqa: ANN001
+        """Forward segments as feedback until the request ends; returns its outcome."""
         while True:
             try:
                 item = channel.get(timeout=IDLE_WAIT_S)
             except queue.Empty:
                 item = None
-            if isinstance(item, dict):
+            if isinstance(item, Outcome):
                 return item
             if isinstance(item, SegmentMsg):
                 goal_handle.publish_feedback(RequestPlan.Feedback(segment=item))
             elif goal_handle.is_cancel_requested:
                 self.server.cancel(request_id)
 
-    def _conclude(self, goal_handle, record: dict) -> RequestPlan.Result:  # noqa: ANN001
-        status = record["status"]
-        if status == Status.SUCCEEDED.value:
+    def _conclude(self, goal_handle, outcome: Outcome) -> RequestPlan.Result:  # noqa: ANN001
+        status = outcome.status
+        if status is Status.SUCCEEDED:
             goal_handle.succeed()
-        elif status == Status.CANCELED.value and goal_handle.is_cancel_requested:
+        elif status is Status.CANCELED and goal_handle.is_cancel_requested:
             goal_handle.canceled()
         else:
             goal_handle.abort()
-        log = self.get_logger().debug if status == Status.SUCCEEDED.value else self.get_logger().info
-        log(f"request {record.get('id', '?')} {status} {record['reason']}".rstrip())
+        log = self.get_logger().debug if status is Status.SUCCEEDED else self.get_logger().info
+        log(f"request {outcome.id} {status.value} {outcome.reason}".rstrip())
         return RequestPlan.Result(
-            status=status, reason=record["reason"], plan=record["plan"], num_segments=len(record["segments"]),
-            **{k: _float_or_nan(record.get(k)) for k in ("response_time", "waiting_time", "utility")})
+            status=status.value, reason=outcome.reason, plan=outcome.plan, num_segments=len(outcome.segments),
+            response_time=_float_or_nan(outcome.response_time), waiting_time=_float_or_nan(outcome.waiting_time),
+            utility=_float_or_nan(outcome.utility))
 
     # ----- robots and watchdog -----
 
@@ -324,17 +328,17 @@ class TimelyLlmNode(Node):
             states = [r.status for r in self.server.requests.values()]
             queued, running = len(self.server.queue), len(self.server.running)
         with self._lock:
-            records = list(self._records)
+            outcomes = list(self._outcomes)
         msg = ServerStatus(queue_length=queued, running=running,
-                           suspended=sum(s is Status.SUSPENDED for s in states),
+                           suspended=sum(s in (Status.PARKED, Status.SUSPENDED) for s in states),
                            finished=sum(s.ended for s in states), policy=self.server.policy.name,
                            engine=self._param("engine"))
         msg.stamp = self.get_clock().now().to_msg()
-        for category in sorted({r["category"] for r in records}):
-            utilities = [r["utility"] for r in records if r["category"] == category and r["utility"] is not None]
+        for category in sorted({o.category for o in outcomes}):
+            utilities = [o.utility for o in outcomes if o.category == category and o.utility is not None]
             msg.categories.append(category)
             msg.mean_utility.append(math.fsum(utilities) / len(utilities) if utilities else math.nan)
-            msg.count.append(sum(r["category"] == category for r in records))
+            msg.count.append(sum(o.category == category for o in outcomes))
         self._status_pub.publish(msg)
 
 

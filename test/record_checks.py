@@ -1,0 +1,29 @@
+"""Checks shared by test modules: a bench record obeys the definitions of its times and utility."""
+
+import pytest
+
+from timely_llm.workloads.traces import load_catalog
+
+CATALOG = load_catalog()
+EPS = 1e-9
+
+
+def check_record(rec, latency):
+    assert rec["status"] == "succeeded", rec
+    segs = rec["segments"]
+    assert segs and [s["index"] for s in segs] == list(range(len(segs)))
+    for i, s in enumerate(segs):
+        assert s["gen_start"] <= s["gen_end"]
+        assert s["exec_start"] >= s["gen_end"] + latency - EPS
+        assert s["exec_end"] >= s["exec_start"]
+        if i:
+            assert s["exec_start"] >= segs[i - 1]["exec_end"] - EPS
+    arrival = rec["arrival"]
+    assert rec["response_time"] == pytest.approx(segs[0]["exec_start"] - arrival)
+    assert rec["completion_time"] == pytest.approx(segs[-1]["exec_end"] - arrival)
+    assert rec["exec_time"] == pytest.approx(sum(s["exec_end"] - s["exec_start"] for s in segs))
+    assert rec["waiting_time"] == pytest.approx(rec["completion_time"] - rec["exec_time"])
+    tuf = rec["tuf"]
+    expected = min(tuf["beta"], tuf["alpha"] * (rec["response_time"] - tuf["ert"]) + tuf["beta"])
+    assert rec["utility"] == pytest.approx(expected)
+    assert "".join(s["text"] for s in segs) == CATALOG[rec["trace"]].plan

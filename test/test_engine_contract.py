@@ -1,0 +1,103 @@
+"""The Engine contract (engines/base.py), checked the same way on the simulator and on embedded vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.sim import SimEngine
+
+VLLM_MAX_NUM_SEQS = 8
+
+
+@pytest.fixture(scope="module", params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    if request.param == "sim":
+        yield SimEngine(load_profile("rtx4090-llama3-8b"))
+        return
+    from timely_llm.engines.vllm_engine import VllmEngine
+
+    eng = VllmEngine(max_model_len=512, kv_cache_gib=0.02, max_num_seqs=VLLM_MAX_NUM_SEQS)
+    yield eng
+    eng.close()
+
+
+def spec(engine: Engine, gen_id: str, plan_tokens: int = 8) -> GenerationSpec:
+    """A forced plan of ``plan_tokens`` tokens (both engines replay it exactly)."""
+    prompt = engine.tokenizer.encode(f"plan for {gen_id}:")
+    plan = engine.tokenizer.encode("mf(100);tc(90);" * 4)[-plan_tokens:]
+    return GenerationSpec(gen_id, prompt, max_new_tokens=plan_tokens + 1, forced_ids=plan)
+
+
+def step_until_output(engine: Engine, gen_id: str) -> None:
+    for _ in range(50):
+        out = engine.step()
+        if out.new_tokens.get(gen_id) or gen_id in out.finished:
+            return
+    raise AssertionError(f"{gen_id} produced nothing in 50 steps")
+
+
+def run_to_end(engine: Engine, gen_id: str) -> str:
+    for _ in range(100):
+        out = engine.step()
+        assert gen_id not in out.failed, out.failed
+        if gen_id in out.finished:
+            return out.finished[gen_id]
+    raise AssertionError(f"{gen_id} did not finish in 100 steps")
+
+
+def test_unknown_ids_raise_key_error(engine: Engine) -> None:
+    with pytest.raises(KeyError):
+        engine.suspend("never-started")
+    with pytest.raises(KeyError):
+        engine.release("never-started")
+
+
+def test_starting_a_running_generation_is_rejected_and_it_keeps_running(engine: Engine) -> None:
+    engine.start(spec(engine, "twice"))
+    with pytest.raises(EngineRejected):
+        engine.start(spec(engine, "twice"))
+    assert run_to_end(engine, "twice") in ("eos", "length")
+    engine.release("twice")
+
+
+def test_an_empty_prompt_is_rejected(engine: Engine) -> None:
+    with pytest.raises(EngineRejected):
+        engine.start(GenerationSpec("empty", [], forced_ids=[5]))
+    with pytest.raises(KeyError):  # a rejected start leaves nothing behind
+        engine.release("empty")
+
+
+def test_suspend_applies_to_running_generations_and_release_to_known_ones(engine: Engine) -> None:
+    engine.start(spec(engine, "life"))
+    step_until_output(engine, "life")
+    engine.suspend("life")
+    with pytest.raises(KeyError):  # suspended: not running any more
+        engine.suspend("life")
+    engine.release("life")  # a suspended generation is still known
+    with pytest.raises(KeyError):
+        engine.release("life")
+
+
+def test_a_generation_the_engine_ended_can_be_released_once(engine: Engine) -> None:
+    engine.start(spec(engine, "ends"))
+    run_to_end(engine, "ends")
+    engine.release("ends")
+    with pytest.raises(KeyError):
+        engine.release("ends")
+
+
+def test_released_ids_can_start_again(engine: Engine) -> None:
+    engine.start(spec(engine, "again"))
+    engine.release("again")
+    engine.start(spec(engine, "again"))
+    assert run_to_end(engine, "again") in ("eos", "length")
+    engine.release("again")
+
+
+def test_batch_cap_is_declared(engine: Engine) -> None:
+    expected = None if isinstance(engine, SimEngine) else VLLM_MAX_NUM_SEQS
+    assert engine.max_batch == expected

@@ -1,0 +1,125 @@
+"""The request state machine (core/request.py) and the server keeping status and place together."""
+
+from __future__ import annotations
+
+import pytest
+
+from timely_llm.clock import VirtualClock
+from timely_llm.core.request import ENDED, TRANSITIONS, IllegalTransition, Request, Status
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import NORMAL_TUF
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.sim import SimEngine
+from timely_llm.evaluation.harness import SimulatedRobots, Simulation
+from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.workloads.traces import load_catalog
+
+SKILLS = load_skill_models()
+CATALOG = load_catalog()
+LATENCY = 0.008
+
+
+def bare_request(rid: str = "r") -> Request:
+    return Request(rid, "agent", SKILLS["tello"], NORMAL_TUF, 0.0, [1, 2, 3], 64)
+
+
+def test_only_the_drawn_transitions_are_allowed() -> None:
+    for came_from in Status:
+        for to in Status:
+            request = bare_request()
+            request.path[:] = [came_from]  # put it there directly, to try every edge
+            if to in TRANSITIONS[came_from]:
+                assert request.advance(to) is came_from and request.status is to
+            else:
+                with pytest.raises(IllegalTransition):
+                    request.advance(to)
+                assert request.status is came_from  # a refused move changes nothing
+
+
+def test_ended_statuses_are_final_and_every_live_one_can_be_canceled() -> None:
+    assert all(not TRANSITIONS[s] for s in ENDED)
+    live = [s for s in Status if not s.ended]
+    assert all({Status.ABORTED, Status.CANCELED} <= TRANSITIONS[s] for s in live)
+    assert [s for s in Status if Status.SUCCEEDED in TRANSITIONS[s]] == [Status.GENERATED]
+
+
+def test_status_cannot_be_set_around_the_state_machine() -> None:
+    request = bare_request()
+    with pytest.raises(AttributeError):
+        request.status = Status.SUCCEEDED  # type: ignore[misc]
+
+
+def new_server(policy: str, max_batch: int | None = None) -> tuple[Server, Simulation, SimEngine, list[Request]]:
+    engine = SimEngine(load_profile("rtx4090-llama3-8b"))
+    clock = VirtualClock()
+    ended: list[Request] = []
+    server = Server(engine, SKILLS, POLICIES[policy], clock, LATENCY, max_batch, on_finish=ended.append)
+    sim = Simulation(server, clock)
+    robots = SimulatedRobots(SKILLS, LATENCY, 0, sim.schedule, server.segment_done)
+    server.on_segment = robots.on_segment
+    return server, sim, engine, ended
+
+
+def plan(engine: SimEngine, rid: str, trace_id: int, arrival: float = 0.0) -> PlanRequest:
+    trace = CATALOG[trace_id]
+    tok = engine.tokenizer
+    return PlanRequest(rid, rid, trace.robot, tok.encode(CATALOG.prompt_text(trace.robot, trace.prompt)),
+                       NORMAL_TUF, forced_ids=tok.encode(trace.plan), trace=trace_id, arrival=arrival)
+
+
+def multi_segment_traces() -> list[int]:
+    return [t for t in sorted(CATALOG.traces) if CATALOG[t].plan.count(";") > 2][:6]
+
+
+@pytest.mark.parametrize("policy", ["timelyllm", "vllm"])
+def test_every_request_walks_the_diagram_and_leaves_nothing_behind(policy: str) -> None:
+    server, sim, engine, ended = new_server(policy)
+    traces = multi_segment_traces()
+    for i, trace_id in enumerate(traces):
+        p = plan(engine, f"r{i}", trace_id, arrival=0.05 * i)
+        sim.schedule(p.arrival, lambda p=p: server.submit(p))
+    sim.run()
+    assert sorted(r.id for r in ended) == sorted(f"r{i}" for i in range(len(traces)))
+    for request in ended:
+        assert all(b in TRANSITIONS[a] for a, b in zip(request.path, request.path[1:], strict=False)), request.path
+        assert request.path[-2:] == [Status.GENERATED, Status.SUCCEEDED]
+        assert (Status.PARKED in request.path) == POLICIES[policy].segmented
+    assert not server.running and len(server.queue) == 0 and not engine.running_ids()
+    for request in ended:
+        with pytest.raises(KeyError):  # the engine holds nothing for an ended request
+            engine.release(request.id)
+
+
+@pytest.mark.parametrize("stop_in", [s for s in Status if not s.ended])
+def test_cancel_in_any_live_status_frees_queue_batch_and_engine(stop_in: Status) -> None:
+    server, _, engine, ended = new_server("timelyllm", max_batch=2)
+    requests = [server.submit(plan(engine, f"c{i}", t)) for i, t in enumerate(multi_segment_traces())]
+    for _ in range(10_000):  # robot reports are not delivered, so GENERATED lasts
+        target = next((r for r in requests if r.status is stop_in), None)
+        if target is not None:
+            break
+        server.step()
+    assert target is not None, f"no request reached {stop_in}"
+    assert server.cancel(target.id, "test")
+    assert target.status is Status.CANCELED and target.reason == "test" and ended == [target]
+    assert target.id not in server.running and target.id not in server.parked and target.id not in server.queue
+    with pytest.raises(KeyError):
+        engine.release(target.id)
+    assert not server.cancel(target.id)  # a second cancel finds nothing live and changes nothing
+    assert ended == [target]
+    for _ in range(10_000):  # the others are unaffected: they all get their plans generated
+        if not server.step():
+            break
+    assert all(r.status is Status.GENERATED for r in requests if r is not target)
+
+
+def test_a_queue_row_is_updated_in_place() -> None:
+    server, _, engine, _ = new_server("timelyllm")
+    a = server.submit(plan(engine, "a", multi_segment_traces()[0]))
+    b = server.submit(plan(engine, "b", multi_segment_traces()[1]))
+    order = list(server.queue)
+    a.prev_end_est = 42.0
+    server.queue.update(a)
+    assert list(server.queue) == order and len(server.queue) == 2
+    assert server.queue._columns.column("prev_end")[order.index(a)] == 42.0
+    assert b in list(server.queue)
