@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.core.batch import BatchController
+from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
@@ -74,6 +75,8 @@ class PlanRequest:
     trace: int | None = None
     arrival: float | None = None
     """When the request reached the server; defaults to the time of ``submit``."""
+    constrained: bool = True
+    """Generate within the robot's plan grammar (unless forced: a replayed plan needs none)."""
 
 
 class Server:
@@ -113,6 +116,7 @@ class Server:
                 arrival=arrival,
                 prompt_ids=list(plan.prompt_ids), max_new_tokens=plan.max_new_tokens or self.default_max_new_tokens,
                 forced_ids=plan.forced_ids, category=plan.category, trace=plan.trace,
+                grammar=plan_grammar(robot) if plan.constrained and plan.forced_ids is None else None,
                 detok=IncrementalDetokenizer(self.engine.tokenizer.decode), segmenter=Segmenter(robot),
             )
             self.requests[request.id] = request
@@ -246,7 +250,7 @@ class Server:
         """WAITING or SUSPENDED -> RUNNING: out of the queue, (re)started in the engine."""
         priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
         spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
-                              request.max_new_tokens, request.forced_ids, priority)
+                              request.max_new_tokens, request.forced_ids, priority, request.grammar)
         try:
             self.engine.start(spec)
         except EngineRejected as exc:

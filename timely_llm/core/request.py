@@ -38,6 +38,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from timely_llm.core.grammar import PlanGrammar
 from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
 from timely_llm.core.skills import SkillCall, SkillModel
 from timely_llm.core.tuf import TUF
@@ -118,6 +119,8 @@ class Request:
     prompt_ids: list[int]
     max_new_tokens: int
     forced_ids: list[int] | None = None
+    grammar: PlanGrammar | None = None
+    """The plan grammar generation is constrained to (resumes continue it)."""
     category: str = "normal"
     trace: int | None = None
     reason: str = ""

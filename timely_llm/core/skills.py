@@ -6,6 +6,13 @@ A skill's time model is one of:
   ``{samples: [S1, S2, ...]}``           scene-dependent: the robot draws one of the profiled times.
 The scheduler plans with the lower bound (the minimum execution time, §4.3); the
 simulated robot samples.
+
+Each argument has a type, which the plan grammar (``core/grammar.py``) enforces:
+  ``{NAME: int LOW..HIGH}`` an integer in that range;
+  ``{NAME: name}``          an object or place name, quoted (or a MiniSpec variable);
+  ``{NAME: text}``          free text, quoted (or a MiniSpec variable);
+a bare ``NAME`` is untyped (any of those). ``returns: bool | number | text`` marks a skill
+whose value plans may test in a condition or store in a variable.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from timely_llm.errors import ConfigError, read_mapping
 from timely_llm.share import share_dir
 
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
+ARG_TYPES = ("int", "name", "text", "any")
+RETURN_TYPES = ("bool", "number", "text")
+_INT_TYPE = re.compile(r"int\s+(\d+)\s*\.\.\s*(\d+)")
 
 
 @dataclass(frozen=True)
@@ -60,11 +70,27 @@ class SkillCall:
 
 
 @dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    type: str
+    """One of ARG_TYPES."""
+    low: int = 0
+    high: int = 0
+    """Inclusive bounds of an ``int`` argument."""
+
+
+@dataclass(frozen=True)
 class Skill:
     abbr: str
     name: str
-    takes_args: bool
+    args: tuple[ArgSpec, ...]
     time: TimeModel
+    returns: str | None = None
+    """What the skill's value is (one of RETURN_TYPES), None for actions without a useful value."""
+
+    @property
+    def takes_args(self) -> bool:
+        return bool(self.args)
 
 
 class SkillModel:
@@ -167,7 +193,27 @@ def _parse_skill(raw: Any, index: int, source: str) -> Skill:
     args = raw.get("args", [])
     if not isinstance(args, list):
         raise ConfigError(source, where + "args", "expected a list")
-    return Skill(abbr, name, bool(args), _parse_time(_require(raw, "time", dict, source, where), source, where))
+    returns = raw.get("returns")
+    if returns is not None and returns not in RETURN_TYPES:
+        raise ConfigError(source, where + "returns", f"must be one of {RETURN_TYPES}, got {returns!r}")
+    specs = tuple(_parse_arg(a, f"{where}args[{i}]", source) for i, a in enumerate(args))
+    return Skill(abbr, name, specs, _parse_time(_require(raw, "time", dict, source, where), source, where), returns)
+
+
+def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:
+    if isinstance(raw, str):
+        return ArgSpec(raw, "any")
+    if not (isinstance(raw, dict) and len(raw) == 1 and isinstance(next(iter(raw.values())), str)):
+        raise ConfigError(source, where, "expected NAME or {NAME: TYPE}")
+    name, kind = next(iter(raw.items()))
+    if m := _INT_TYPE.fullmatch(kind.strip()):
+        low, high = int(m.group(1)), int(m.group(2))
+        if low > high:
+            raise ConfigError(source, where, f"empty range {low}..{high}")
+        return ArgSpec(name, "int", low, high)
+    if kind.strip() in ("name", "text"):
+        return ArgSpec(name, kind.strip())
+    raise ConfigError(source, where, f"type must be 'int LOW..HIGH', 'name' or 'text', got {kind!r}")
 
 
 def _parse_time(raw: dict, source: str, where: str) -> TimeModel:

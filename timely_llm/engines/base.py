@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from timely_llm.core.grammar import PlanGrammar
 
 
 class Tokenizer(Protocol):
@@ -50,6 +53,8 @@ class GenerationSpec:
     priority: int = 0
     """vLLM-style priority, lower first: the engine preempts the highest value (latest started among
     equals) when KV memory runs out."""
+    grammar: PlanGrammar | None = None
+    """Constrain decoding to this plan grammar, continued from ``output_ids`` (engines that can)."""
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
 from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from timely_llm.engines.base import (
     Engine,
@@ -29,7 +29,7 @@ from timely_llm.engines.base import (
     StepOutput,
 )
 from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
-from timely_llm.models import tiny_model_dir
+from timely_llm.models import resolve_model
 
 GIB = 1 << 30
 
@@ -74,7 +74,8 @@ class VllmEngine(Engine):
     ) -> None:
         """Create the engine in this process.
 
-        ``model`` is a Hugging Face model directory; None uses the tiny random model.
+        ``model`` is a Hugging Face model directory or a name (``smollm2``, ``tiny``);
+        None uses the tiny random model.
         ``kv_cache_gib`` sizes the KV cache on CPU and GPU alike (vLLM's
         ``kv_cache_memory_bytes``); a ``VLLM_CPU_KVCACHE_SPACE`` set in the
         environment still overrides it on CPU. ``kv_offloading_gib`` adds a host
@@ -120,7 +121,7 @@ class VllmEngine(Engine):
         gen.request_id = f"{spec.gen_id}#{gen.starts}"
         try:
             self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id),
-                         spec.priority)
+                         spec.priority, self._grammar_for(spec))
         except ValueError as exc:  # vLLM's own validation of the request
             raise EngineRejected(f"{spec.gen_id}: {exc}") from exc
         gen.starts += 1
@@ -183,6 +184,15 @@ class VllmEngine(Engine):
             raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
         return min(budget, room)
 
+    def _grammar_for(self, spec: GenerationSpec) -> str | None:
+        """EBNF for the rest of the plan, continued from what ``spec`` generated so far."""
+        if spec.grammar is None or spec.forced_ids is not None:
+            return None
+        grammar = spec.grammar.continuation(self.tokenizer.decode(spec.output_ids))
+        if grammar is None:
+            raise EngineRejected(f"{spec.gen_id}: generated text left the {spec.grammar.model.robot} plan grammar")
+        return grammar
+
     def _submit(
         self,
         request_id: str,
@@ -190,6 +200,7 @@ class VllmEngine(Engine):
         max_tokens: int,
         forced: list[int] | None,
         priority: int = 0,
+        grammar: str | None = None,
     ) -> None:
         params = SamplingParams(
             temperature=0.0,
@@ -197,6 +208,7 @@ class VllmEngine(Engine):
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             extra_args={FORCED_KEY: forced} if forced is not None else None,
+            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar is not None else None,
         )
         # vLLM refuses a priority under FCFS scheduling; FCFS orders by arrival alone.
         self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params,
@@ -249,10 +261,8 @@ class VllmEngine(Engine):
 
 
 def _model_args(model: str | Path | None) -> dict[str, Any]:
-    if model is not None:
-        return {"model": str(model)}
-    # vLLM's CPU platform would downcast the float32 checkpoint to bfloat16.
-    return {"model": str(tiny_model_dir()), "dtype": "float32"}
+    path, dtype = resolve_model("tiny" if model is None else model)
+    return {"model": str(path)} | ({"dtype": dtype} if dtype else {})
 
 
 def _offloading_args(gib: float | None) -> dict[str, Any]:

@@ -9,6 +9,9 @@ a wrong KV cache would produce the same tokens as a correct one.
 Weights and config are float32, which keeps greedy argmax choices identical between
 prefill and decode kernels; vLLM must be asked for float32 explicitly on CPU.
 The directory is built once into a cache keyed by its inputs and is deterministic.
+
+The real default model, SmolLM2-135M-Instruct, is converted by ``smollm2.py``;
+``resolve_model`` maps a model name (``smollm2``, ``tiny``) or a directory to what vLLM loads.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ VOCAB_SIZE = 2000
 BOS, EOS = "<s>", "</s>"
 WEIGHT_SEED = 20240501
 
+DEFAULT_MODEL = "smollm2"
+"""What ``--model`` means when not given: the real instruction-tuned model."""
+MODEL_NAMES = ("smollm2", "tiny")
+
 # Llama shape without the tokenizer-dependent fields (vocab size, BOS/EOS ids).
 _LLAMA_CONFIG = json.loads(Path(__file__).with_name("tiny").joinpath("config.json").read_text())
 
@@ -39,13 +46,30 @@ def tiny_model_dir() -> Path:
     # The builder's own source is part of the key: changing it rebuilds the model.
     inputs = json.dumps(_LLAMA_CONFIG, sort_keys=True).encode() + Path(__file__).read_bytes()
     key = hashlib.sha256(corpus + inputs)
-    target = _cache_root() / f"tiny-{key.hexdigest()[:12]}"
+    target = cache_root() / f"tiny-{key.hexdigest()[:12]}"
     if not (target / "config.json").exists():
         _build_atomically(target, corpus.decode())
     return target
 
 
-def _cache_root() -> Path:
+def resolve_model(model: str | Path) -> tuple[Path, str | None]:
+    """(directory, dtype) for a model name or directory; named models are float32.
+
+    vLLM's CPU platform would otherwise downcast their float32 weights to bfloat16.
+    """
+    if model == "tiny":
+        return tiny_model_dir(), "float32"
+    if model == "smollm2":
+        from timely_llm.models.smollm2 import smollm2_dir
+
+        return smollm2_dir(cache_root()), "float32"
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model {str(model)!r} is neither one of {MODEL_NAMES} nor a model directory with config.json")
+    return path, None
+
+
+def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "timely_llm"
 

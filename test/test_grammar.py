@@ -1,0 +1,149 @@
+"""Plan grammars from the skill models, and their continuations for resumed generations.
+
+The continuation grammars are checked with xgrammar, the backend vLLM compiles them
+with, not only with our own derivative code.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import xgrammar as xgr
+
+from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.regex import int_range, matches, render
+from timely_llm.core.segmenter import Segmenter
+from timely_llm.core.skills import load_skill_model, load_skill_models, skill_model_dir
+from timely_llm.workloads.traces import load_catalog
+
+MODELS = load_skill_models()
+CATALOG = load_catalog()
+NESTED_PLANS = [
+    "4{?iv('cup')==True{g('cup');->True}tc(90);}",
+    "?s('bottle')==True{_2=oh('bottle');l(_2);};mu(50);",
+    "_1=sa('something to sit on');?_1!=False{g(_1);tp;}",
+    "3{?od('door')<120&iv('door')==True{mf(100);}ml(40);}l('done');",
+    " tc(180);?s('chair')==True{g('chair');}",
+]
+_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+
+
+def xgrammar_accepts(ebnf: str, text: str) -> bool:
+    """Whether xgrammar, compiling ``ebnf`` as vLLM does, accepts exactly ``text``."""
+    matcher = xgr.GrammarMatcher(_COMPILER.compile_grammar(ebnf), terminate_without_stop_token=True)
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+def drone_plans() -> list[str]:
+    return [t.plan for t in CATALOG.traces.values() if t.robot == "tello"] + NESTED_PLANS
+
+
+def boundaries(plan: str) -> list[int]:
+    """Every statement boundary: after each ';', '{' and '}' outside quotes."""
+    cuts, quoted = [], False
+    for i, ch in enumerate(plan):
+        quoted = quoted != (ch == "'")
+        if not quoted and ch in ";{}":
+            cuts.append(i + 1)
+    return cuts
+
+
+def test_int_ranges_hold_exactly_their_numbers() -> None:
+    for low, high in [(20, 500), (1, 360), (0, 9999), (2, 10), (7, 7)]:
+        r = int_range(low, high)
+        assert all(matches(r, str(n)) == (low <= n <= high) for n in range(0, 12000)), render(r)
+        assert not matches(r, "0" + str(high))  # no leading zeros
+
+
+def test_lrtrace_plans_are_in_their_robots_grammar() -> None:
+    for trace in CATALOG.traces.values():
+        grammar = plan_grammar(MODELS[trace.robot])
+        assert grammar.accepts(trace.plan), trace.id
+        assert xgrammar_accepts(grammar.continuation(""), trace.plan), trace.id
+
+
+@pytest.mark.parametrize("robot,plan", [
+    ("tello", "mf(10);"),  # below the Tello's 20 cm
+    ("tello", "tc(400);"),
+    ("tello", "zz(50);"),  # no such skill
+    ("tello", "?mf(50)==True{g('cat');}"),  # an action has no value to test
+    ("tello", "g(50);"),  # goto takes an object name
+    ("tello", "?iv('cat')==True{g('cat');"),  # block never closed
+    ("tello", "mf(50)"),  # statement never ended
+    ("arm", "pick(3);"),
+    ("arm", "fly('cup');"),
+    ("chatbot", "hello there."),
+])
+def test_plans_outside_the_grammar_are_rejected(robot: str, plan: str) -> None:
+    grammar = plan_grammar(MODELS[robot])
+    assert not grammar.accepts(plan)
+    assert not xgrammar_accepts(grammar.continuation(""), plan)
+
+
+def test_adding_a_skill_to_the_yaml_extends_the_grammar(tmp_path: Path) -> None:
+    source = (skill_model_dir() / "tello.yaml").read_text()
+    extended = tmp_path / "tello.yaml"
+    extended.write_text(source + "  - {abbr: fl, name: flip, args: [{direction: name}], time: {fixed: 1.0}}\n")
+    plan = "?iv('gap')==True{fl('left');}"
+    assert not plan_grammar(MODELS["tello"]).accepts(plan)
+    grammar = plan_grammar(load_skill_model(extended))
+    assert grammar.accepts(plan)
+    assert xgrammar_accepts(grammar.continuation(""), plan)
+
+
+@pytest.mark.parametrize("plan", drone_plans())
+def test_a_resumed_generation_continues_where_it_stopped(plan: str) -> None:
+    """Cut at every statement boundary: the continuation grammar accepts exactly the rest,
+    and inside an open block the start symbol would not (so resuming from it would be wrong)."""
+    grammar = plan_grammar(MODELS["tello"])
+    for cut in boundaries(plan):
+        head, rest = plan[:cut], plan[cut:]
+        continuation = grammar.continuation(head)
+        assert xgrammar_accepts(continuation, rest), (head, rest)
+        assert not xgrammar_accepts(continuation, rest + "}")
+        if head.count("{") > head.count("}"):
+            assert not grammar.accepts(rest), (head, rest)
+
+
+def test_continuations_mid_statement_match_the_whole_grammar() -> None:
+    """A token may run past a boundary (``;}``, ``);?``): resumption can start anywhere."""
+    grammar = plan_grammar(MODELS["tello"])
+    plan = NESTED_PLANS[3]
+    for cut in range(len(plan) + 1):
+        assert xgrammar_accepts(grammar.continuation(plan[:cut]), plan[cut:]), plan[:cut]
+    assert grammar.continuation(plan[:5] + "X") is None
+
+
+def test_arm_and_chatbot_continuations() -> None:
+    arm = plan_grammar(MODELS["arm"])
+    plan = CATALOG[9].plan
+    for cut in boundaries(plan):
+        assert xgrammar_accepts(arm.continuation(plan[:cut]), plan[cut:])
+    chat = plan_grammar(MODELS["chatbot"])
+    text = "The cup is on the shelf. I can bring it, if you like!"
+    assert chat.accepts(text)
+    assert xgrammar_accepts(chat.continuation(text[:25]), text[25:])
+
+
+@pytest.mark.parametrize("plan", drone_plans())
+def test_every_segment_the_stop_checker_cuts_parses_and_names_known_skills(plan: str) -> None:
+    model = MODELS["tello"]
+    grammar = plan_grammar(model)
+    rng = random.Random(plan)
+    segmenter, segments, i = Segmenter(model), [], 0
+    while i < len(plan):  # text arrives in chunks of 1-4 characters, as tokens do
+        step = rng.randint(1, 4)
+        segments += segmenter.feed(plan[i:i + step])
+        i += step
+    segments.append(segmenter.flush())
+    assert "".join(segments) == plan
+    done = ""
+    for segment in segments[:-1]:
+        assert segment[-1] in ";{}", segment
+        assert grammar.accepts_prefix(done + segment), segment
+        names = [c.name for c in model.find_calls(segment)]
+        assert names and set(names) <= set(model.skills), segment
+        done += segment
+    assert grammar.accepts(done + segments[-1])
