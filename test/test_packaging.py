@@ -17,7 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 SERVER = "timely_llm_server"
 START_TIMEOUT_S = 120.0
-"""Node start (sim engine) on a loaded 2-core machine; the vLLM engine is not started here."""
-RESULT_TIMEOUT_S = 120.0
+"""Node start (sim engine) or one goal served, on a loaded 2-core machine; the vLLM engine is not started here."""
 STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 1500.0
 TRACE_ID = 1  # a tello trace
@@ -62,30 +62,40 @@ def _venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict
     return env | extra
 
 
+@dataclass
+class Running:
+    proc: subprocess.Popen
+    log: typing.IO[str]
+
+    def output(self, chars: int = 4000) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-chars:]
+
+    def wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        """Until ``ready()``; fails at once, with the output, if the process ends first."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready():
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what}:\n{self.output()}"
+            assert time.monotonic() < deadline, f"no {what} in {START_TIMEOUT_S} s:\n{self.output()}"
+            time.sleep(0.1)
+
+
 @contextmanager
-def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Iterator[Running]:
     """``argv`` running; on exit SIGINT, and it must exit 0 in time (its output is shown if not)."""
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(STOP_TIMEOUT_S)
-        assert code == 0, f"exit code {code}:\n{_tail(log)}"
-    except BaseException:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        print(_tail(log))
-        raise
-    finally:
-        log.close()
-
-
-def _tail(log: object, chars: int = 4000) -> str:
-    log.flush()
-    log.seek(0)
-    return log.read()[-chars:]
+    with tempfile.TemporaryFile("w+") as log:
+        running = Running(subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True), log)
+        try:
+            yield running
+            running.proc.send_signal(signal.SIGINT)
+            code = running.proc.wait(STOP_TIMEOUT_S)
+            assert code == 0, f"exit code {code}:\n{running.output()}"
+        finally:
+            if running.proc.poll() is None:
+                os.killpg(running.proc.pid, signal.SIGKILL)
+                running.proc.wait()
 
 
 @contextmanager
@@ -100,27 +110,24 @@ def _client(domain: int) -> Iterator[tuple[Node, PlanLink]]:
             node.destroy_node()
 
 
-def _parameters(node: Node, server: str, names: list[str]) -> dict[str, object]:
-    client = AsyncParameterClient(node, server)
-    assert client.wait_for_services(timeout_sec=START_TIMEOUT_S), f"no parameter services of {server}"
+def _parameters(node: Node, server: Running, names: list[str]) -> dict[str, object]:
+    client = AsyncParameterClient(node, SERVER)
+    server.wait_for(client.services_are_ready, "parameter services")
     future = client.get_parameters(names)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not future.done() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert future.done(), "get_parameters went unanswered"
-    values = future.result().values
-    return {name: _value(v) for name, v in zip(names, values, strict=True)}
+    server.wait_for(future.done, "get_parameters answer")
+    return {name: _value(v) for name, v in zip(names, future.result().values, strict=True)}
 
 
 def _value(v: object) -> object:
     return {1: v.bool_value, 2: v.integer_value, 3: v.double_value, 4: v.string_value}.get(v.type)
 
 
-def _serve_one_goal(link: PlanLink) -> None:
-    assert link.wait_for_server(START_TIMEOUT_S), "the node's action server never appeared"
+def _serve_one_goal(link: PlanLink, server: Running) -> None:
+    server.wait_for(link.action.server_is_ready, "action server")
     robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(load_skill_models()["tello"], time_scale=0.1))
     try:
-        outcome = robot.request(load_catalog()[TRACE_ID].prompt, None, TRACE_ID).wait(RESULT_TIMEOUT_S)
+        outcome = robot.request(load_catalog()[TRACE_ID].prompt, None, TRACE_ID)
+        server.wait_for(outcome.finished.done, "goal result")
     finally:
         robot.close()
     assert outcome.status == "succeeded" and outcome.result.num_segments == len(outcome.segments) > 0
@@ -134,18 +141,23 @@ def test_serve_help_from_an_activated_venv() -> None:
     assert out.returncode == 0 and "--ros-args" in out.stdout, out.stderr
 
 
-@pytest.mark.parametrize("order", ["ros_args_last", "ros_args_first", "ros_args_before_serve"])
-def test_serve_takes_ros_args_anywhere_and_overrides_beat_the_params_file(tmp_path: Path, order: str) -> None:
+OVERRIDE = ["--ros-args", "-p", "policy:=fcfs"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--params", "PARAMS", *OVERRIDE],
+    ["serve", "--params", "PARAMS", "--", *OVERRIDE],
+    ["serve", *OVERRIDE, "--", "--params", "PARAMS"],
+    [*OVERRIDE, "--", "serve", "--params", "PARAMS"],
+], ids=["ros_args_last", "after_double_dash", "ros_args_first", "before_serve"])
+def test_serve_takes_ros_args_anywhere_and_overrides_beat_the_params_file(tmp_path: Path, argv: list[str]) -> None:
     params = tmp_path / "params.yaml"
     params.write_text(f"{SERVER}:\n  ros__parameters:\n    policy: edf\n    max_new_tokens: 200\n")
-    ros_args = ["--ros-args", "-p", "policy:=fcfs", "--"]
-    argv = {"ros_args_last": ["serve", "--params", str(params), *ros_args],
-            "ros_args_first": ["serve", *ros_args, "--params", str(params)],
-            "ros_args_before_serve": [*ros_args, "serve", "--params", str(params)]}[order]
+    command = [str(VENV_BIN / "timely-llm"), *(str(params) if a == "PARAMS" else a for a in argv)]
     domain = _domain()
-    with _process([str(VENV_BIN / "timely-llm"), *argv], _venv_env(domain)), _client(domain) as (node, link):
-        assert _parameters(node, SERVER, ["policy", "max_new_tokens"]) == {"policy": "fcfs", "max_new_tokens": 200}
-        _serve_one_goal(link)
+    with _process(command, _venv_env(domain)) as server, _client(domain) as (node, link):
+        assert _parameters(node, server, ["policy", "max_new_tokens"]) == {"policy": "fcfs", "max_new_tokens": 200}
+        _serve_one_goal(link, server)
 
 
 def test_bad_ros_args_exit_2_with_a_reason() -> None:
@@ -241,10 +253,10 @@ def test_launch_ros_command_line_serves_a_goal(workspace: Workspace) -> None:
     command = (f"{install}/lib/timely_llm/timely-llm serve --ros-args -r __node:={SERVER} "
                f"--params-file {install}/share/timely_llm/config/timely_llm.yaml -p policy:=timelyllm")
     domain = _domain()
-    with _process(workspace.sourced(command), _venv_env(domain, None), workspace.root), \
+    with _process(workspace.sourced(command), _venv_env(domain, None), workspace.root) as server, \
             _client(domain) as (node, link):
-        assert _parameters(node, SERVER, ["policy"]) == {"policy": "timelyllm"}
-        _serve_one_goal(link)
+        assert _parameters(node, server, ["policy"]) == {"policy": "timelyllm"}
+        _serve_one_goal(link, server)
 
 
 LAUNCH = """
@@ -266,7 +278,7 @@ def test_launch_file_starts_the_node_active(workspace: Workspace) -> None:
     """What `ros2 launch timely_llm timely_llm.launch.py policy:=edf` does; SIGINT stops it cleanly."""
     domain = _domain()
     env = _venv_env(domain, _ros2_launch_sources())
-    with _process(workspace.sourced(f"python -c '{LAUNCH}' policy:=edf"), env, workspace.root), \
+    with _process(workspace.sourced(f"python -c '{LAUNCH}' policy:=edf"), env, workspace.root) as server, \
             _client(domain) as (node, link):
-        assert _parameters(node, SERVER, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
-        _serve_one_goal(link)
+        assert _parameters(node, server, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
+        _serve_one_goal(link, server)

@@ -270,9 +270,11 @@ def _sched(args: argparse.Namespace) -> int:
 
 
 def _without_ros_args(argv: list[str]) -> list[str]:
-    """``argv`` less its ROS arguments (``--ros-args ...`` up to ``--`` or the end, anywhere), as rclpy reads them."""
+    """``argv`` less its ROS arguments (``--ros-args ...`` up to ``--`` or the end, anywhere), as rclpy reads them,
+    and less a ``--`` just before them (``serve -- --ros-args ...``)."""
     if "--ros-args" not in argv:
         return argv
+    argv = [a for i, a in enumerate(argv) if not (a == "--" and argv[i + 1:i + 2] == ["--ros-args"])]
     from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
     from rclpy.utilities import remove_ros_args
 
