@@ -11,9 +11,11 @@ would have alone on an idle server (each trace replayed alone once per profile).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -84,11 +86,14 @@ def run_grid(grid: Grid, jobs: int = 1) -> dict:
     points = [(hw, agents, cap, policy) for hw in grid.hw for cap in grid.caps
               for agents in grid.agents for policy in grid.policies]
     started = time.perf_counter()
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_run_point, [(grid, p) for p in points]))
-    else:
-        results = [_run_point((grid, p)) for p in points]
+    results = []
+    with ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        jobs_in = [(grid, p) for p in points]
+        runs = pool.map(_run_point, jobs_in) if pool else map(_run_point, jobs_in)
+        for i, result in enumerate(runs, 1):
+            results.append(result)
+            print(f"[{i}/{len(points)}] {result['hw']} cap {result['cap']} {result['agents']} agents "
+                  f"{result['policy']}: {result['wall_s']:.1f} s", file=sys.stderr, flush=True)
     return {"kind": KIND, "grid": grid.to_dict(), "wall_s": time.perf_counter() - started, "points": results}
 
 
