@@ -101,26 +101,6 @@ def test_fixed_batch_cap_and_non_adaptive_mode():
     assert not c.admits([a, b], 0.0, 100, 1)
 
 
-def expensive_batching(slope):
-    c = BatchController(adaptive=True, network_latency=NET)
-    for b in (1, 2, 3, 4):
-        c.record_step(0.018 + slope * b, batch=b)
-    return c
-
-
-def test_on_expensive_batching_a_late_urgent_generation_keeps_suspended_ones_out():
-    # The urgent generation cannot make its ERT any more (10 tokens x ~40 ms > 0.142 s) but still loses
-    # utility with every slower step. A suspended normal generation whose robot is busy for 2 s loses
-    # nothing by waiting: on a Jetson (+7.4 ms per sequence) it stays out; a fresh request is not held
-    # back for a late one, and on an RTX 4090 (+0.4 ms per sequence) batching costs too little to refuse.
-    urgent = running("u", 0.0, URGENT_TUF, seg_tokens=0)
-    suspended = running("s", 0.0, NORMAL_TUF, prev_end=2.05)
-    fresh = running("f", 0.05, NORMAL_TUF)
-    assert not expensive_batching(0.0074).admits([urgent], 0.05, 100, 1, suspended)
-    assert expensive_batching(0.0074).admits([urgent], 0.05, 100, 1, fresh)
-    assert expensive_batching(0.0004).admits([urgent], 0.05, 100, 1, suspended)
-
-
 def test_no_veto_when_waiting_would_make_the_newcomer_late_too():
     # A savable urgent generation (3 tokens left, 0.06 s -> 0.12 s after growth, budget 0.092 s)...
     protected = running("p", 0.0, NORMAL_TUF, seg_tokens=7, prev_end=3.0)

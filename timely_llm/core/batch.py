@@ -54,25 +54,17 @@ class StepModel:
         return max(mean_d + slope * (batch - mean_b), 0.0)
 
 
-SCARCE_SLOWDOWN = 0.05
-"""One more sequence slowing every step by this fraction or more makes the batch a scarce resource:
-then a late urgent generation, too, is protected from growth (edge GPUs; not an RTX 4090 at +0.4 ms on 22 ms)."""
-
-
 class BatchController:
     """Decides whether one more generation may run in the next iteration.
 
     * A fixed ``max_batch`` caps the batch (vLLM's ``max_num_seqs``) in every mode.
     * Free KV memory must hold the newcomer's context plus one segment.
     * Adaptive mode also protects running generations more urgent than the newcomer
-      (earlier deadline): one whose worst case (WCET: tokens left to its segment's
-      maximum length times the predicted step time) fits its budget at the current
-      batch size vetoes the newcomer if it would miss it with one more generation in
-      the batch. A generation already past saving vetoes only where batching is
-      scarce (one more sequence slows every step by ``SCARCE_SLOWDOWN`` or more) and
-      only a later segment, whose robot is still busy: it loses nothing by waiting,
-      while the late one loses utility with every slower step. Refusing a fresh request
-      for a late one would serialise requests behind it.
+      (earlier deadline) that can still make it: one whose worst case (WCET: tokens
+      left to its segment's maximum length times the predicted step time) fits its
+      budget at the current batch size vetoes the newcomer if it would miss it with
+      one more generation in the batch. A generation already past saving vetoes
+      nothing (otherwise one late urgent segment serialises every request behind it).
     * No newcomer is refused if waiting for the protected segment would make it
       late too: then refusing only moves the lateness.
     """
@@ -115,15 +107,12 @@ class BatchController:
         step_now, step_grown = self.step_time(n), self.step_time(n + 1)
         due = None if newcomer is None else self.budget(newcomer, now)
         own = 0.0 if newcomer is None else self.wcet(newcomer, n + 1)
-        later = newcomer is not None and newcomer.seg_index > 0
-        scarce = step_grown >= step_now * (1 + SCARCE_SLOWDOWN)
         for r in running:
             budget = self.budget(r, now)
             if due is not None and budget >= due:
                 continue  # only a more urgent generation (earlier deadline) vetoes
             left = max(r.robot.segment_max_tokens - r.seg_tokens, 1)
-            savable = left * step_now <= budget
-            if budget < left * step_grown and (savable or (later and scarce)):
+            if left * step_now <= budget < left * step_grown:
                 if due is not None and due - left * step_now < own:
                     continue  # waiting for it would make the newcomer late too: no gain in refusing
                 return False

@@ -131,11 +131,13 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup
     for robot in sorted({catalog[r.trace].robot for r in requests}):
         server.warm_prefix(tokenizer.encode(catalog.prompt_text(robot, "")))
     origin = clock.now()  # arrivals count from here, after the warm-up
+    encoded = {t: (tokenizer.encode(catalog.prompt_text(catalog[t].robot, catalog[t].prompt)),
+                   tokenizer.encode(catalog[t].plan)) for t in {r.trace for r in requests}}
     for r in requests:
         trace = catalog[r.trace]
-        plan = PlanRequest(r.id, r.agent, trace.robot, tokenizer.encode(catalog.prompt_text(trace.robot, trace.prompt)),
-                           r.tuf, trace.category, forced_ids=tokenizer.encode(trace.plan), trace=trace.id,
-                           arrival=origin + r.arrival)
+        prompt_ids, plan_ids = encoded[r.trace]
+        plan = PlanRequest(r.id, r.agent, trace.robot, prompt_ids, r.tuf, trace.category, forced_ids=plan_ids,
+                           trace=trace.id, arrival=origin + r.arrival)
         sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
     sim.run()
     return records, sim.peak_queue
