@@ -7,8 +7,12 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$repo/.venv"
 build="$repo/build/ros"
 mkdir -p "$repo/build"
-bash "$repo/scripts/setup_env.sh" "$venv" "$build" > "$repo/build/setup.log" 2>&1 || {
-  echo "setup failed, see build/setup.log" >&2; exit 1; }
+log="$repo/build/setup.log"
+began=$SECONDS
+# Setup steps show as they start; everything else (pip, cmake) goes to the log.
+bash "$repo/scripts/setup_env.sh" "$venv" "$build" 2>&1 | tee "$log" | grep --line-buffered '^==> ' || {
+  echo "setup failed; the end of build/setup.log:" >&2; tail -n 20 "$log" >&2; exit 1; }
+echo "==> setup done in $((SECONDS - began)) s (log: build/setup.log)"
 # shellcheck source=/dev/null
 . "$repo/scripts/ros_env.sh" "$venv" "$build"
 cd "$repo"

@@ -1,4 +1,4 @@
-"""``timely-llm``: benchmark, plot, and measure the scheduler."""
+"""The ``timely-llm`` command: benchmark, plot, serve and demo the scheduler."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import contextlib
 import json
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from timely_llm.errors import ConfigError
 
@@ -25,8 +28,48 @@ DRONE_SEGMENT_TIMEOUT_MARGIN = 10.0
 the whole block: scan + goto is up to 6.6 s on the simulators, past the node's default 5 s margin."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="timely-llm", description=__doc__)
+DESCRIPTION = ("Serve many robots' plan requests from one LLM with segmented generation (TimelyLLM), and "
+               "benchmark its scheduling policies on a calibrated simulator or on embedded vLLM.")
+POLICY_HELP = {
+    "vllm": "FCFS continuous batching; the whole plan is dispatched when it is complete",
+    "vllm-stream": "FCFS; each statement is dispatched as soon as it is generated, never paused",
+    "vllm-priority": "vLLM's priority scheduling (lower ERT first) with preemption; statements streamed",
+    "fcfs": "segmented: suspended after each segment, queued by arrival",
+    "edf": "segmented, queued by the first segment's deadline (arrival + ERT)",
+    "timelyllm": "segmented + PUD priority (Eq. 4) + latency-guided adaptive batch: the paper's system",
+    "isolated": "bench only: each request alone on an idle simulated server (the best it could get)",
+}
+DEFAULT_HW = "rtx4090-llama3-8b"
+PROGRESS_PERIOD_S = 10.0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the reason and where the usage is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _epilog() -> str:
+    from timely_llm.engines.hardware import PROFILE_DIR
+
+    policies = "\n".join(f"  {name:14s}{text}" for name, text in POLICY_HELP.items())
+    profiles = "\n".join(f"  {p.stem:36s}{_first_comment(p)}" for p in sorted(PROFILE_DIR.glob("*.yaml")))
+    return (f"policies (--policy):\n{policies}\n\nhardware profiles of the simulator (--hw NAME, or a YAML file):\n"
+            f"{profiles}\n\nEach command has its own help: timely-llm COMMAND --help.")
+
+
+def _first_comment(path: Path) -> str:
+    """A profile's description: the first comment line of its YAML file."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip().rstrip(":")
+    return ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="timely-llm", description=DESCRIPTION, epilog=_epilog(),
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub.add_parser("bench", help="run a workload under one policy and write the records"))
     _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results; load-map plots from sweeps"))
@@ -36,8 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
     _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
     _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
-    _add_table(sub.add_parser("table", help="markdown table of bench results"))
+    _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(_without_ros_args(argv))
@@ -57,15 +105,25 @@ def main(argv: list[str] | None = None) -> int:
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation.harness import BENCH_POLICIES
 
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    p.add_argument("--hw", default="rtx4090-llama3-8b", help="simulator hardware profile name or YAML file")
-    p.add_argument("--model", default=None, help="vLLM: Hugging Face model directory (default: the tiny model)")
+    p.description = ("Replay a workload through the server loop under one policy and write one record per "
+                     "request plus per-category means. On the simulator (the default) the run is on a virtual "
+                     "clock and deterministic for a seed; on vLLM it takes real time.")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                   help="sim: calibrated simulator on a virtual clock (default); vllm: embedded vLLM, wall clock")
+    p.add_argument("--hw", default=None,
+                   help=f"sim: hardware profile name or YAML file (default {DEFAULT_HW}; see timely-llm --help)")
+    p.add_argument("--model", default=None, type=_model_dir,
+                   help="vllm: Hugging Face model directory (default: the shipped tiny model)")
     p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
-    p.add_argument("--policy", required=True, choices=BENCH_POLICIES)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batch", type=int, default=None)
-    p.add_argument("--skill-models", nargs="*", default=None, help="skill-model YAML files")
-    p.add_argument("--out", required=True)
+    p.add_argument("--policy", required=True, choices=BENCH_POLICIES, metavar="POLICY",
+                   help=f"one of {', '.join(BENCH_POLICIES)} (see timely-llm --help)")
+    p.add_argument("--seed", type=_nonneg_int, default=0,
+                   help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
+    p.add_argument("--max-batch", type=_positive_int, default=None,
+                   help="most generations in one batch (default: vLLM's 256, or the vLLM engine's max_num_seqs)")
+    p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
+                   help="skill-model YAML files (default: the shipped ones)")
+    p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
     p.set_defaults(run=_bench)
 
 
@@ -81,8 +139,10 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
             raise ConfigError("lrtrace.yaml", f"trace {trace.id}.robot", f"no skill model for {trace.robot!r}")
     if args.workload in BUILTIN:
         workload = generate(BUILTIN[args.workload], catalog, skills, args.seed)
-    else:
+    elif Path(args.workload).is_file():
         workload = load_workload(args.workload, catalog)
+    else:
+        raise ConfigError("--workload", args.workload, f"neither a built-in workload ({', '.join(BUILTIN)}) nor a file")
     return skills, catalog, workload
 
 
@@ -90,11 +150,15 @@ def _bench(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import load_profile
     from timely_llm.evaluation.harness import EngineSetup, run_bench
 
-    profile = load_profile(args.hw)
+    if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
+        option = "--policy isolated" if args.policy == "isolated" else "--hw"
+        raise ConfigError("bench", option, "needs the simulator engine (--engine sim)")
+    if args.engine == "sim" and args.model is not None:
+        raise ConfigError("bench", "--model", "applies to --engine vllm only")
+    profile = load_profile(args.hw or DEFAULT_HW)
     skills, catalog, workload = _load_inputs(args)
-    if args.max_batch is not None and args.max_batch < 1:
-        raise ConfigError("--max-batch", "max_batch", "must be >= 1")
     if args.engine == "vllm":
+        _quiet_vllm_logging()
         from timely_llm.engines.vllm_engine import VllmEngine
 
         scheduling = "priority" if args.policy == "vllm-priority" else "fcfs"
@@ -119,10 +183,12 @@ def _print_summary(result: dict) -> None:
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skill-models", nargs="*", default=None)
-    p.add_argument("--out", required=True)
+    p.description = "Write a built-in workload (or a workload file, checked) as workload JSON; see README.md."
+    p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the arrivals (default 0)")
+    p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
+                   help="skill-model YAML files (default: the shipped ones)")
+    p.add_argument("--out", required=True, type=_out_file, help="workload JSON file to write")
     p.set_defaults(run=_workload)
 
 
@@ -134,8 +200,8 @@ def _workload(args: argparse.Namespace) -> int:
 
 
 def _add_plot(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", nargs="+")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("results", nargs="+", type=_in_file, help="result JSON files of timely-llm bench or sweep")
+    p.add_argument("--out", required=True, type=_out_dir, help="output directory (created if missing)")
     p.set_defaults(run=_plot)
 
 
@@ -158,8 +224,10 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation import sweep
 
     p.add_argument("--hw", nargs="+", default=["rtx4090-llama3-8b"], help="hardware profile names or YAML files")
-    p.add_argument("--policies", nargs="+", default=list(sweep.POLICIES), choices=tuple(_policies()))
-    p.add_argument("--agents", nargs="+", type=int, default=list(sweep.AGENTS))
+    p.add_argument("--policies", nargs="+", default=list(sweep.POLICIES), choices=tuple(_policies()),
+                   metavar="POLICY", help=f"policies to compare (default {' '.join(sweep.POLICIES)})")
+    p.add_argument("--agents", nargs="+", type=_positive_int, default=list(sweep.AGENTS),
+                   help="numbers of agents, the load axis (the event rate grows with them)")
     p.add_argument("--caps", nargs="+", default=[str(c or "none") for c in sweep.CAPS],
                    help="batch caps; 'none' for vLLM's default max_num_seqs (256)")
     p.add_argument("--duration", type=float, default=200.0, help="seconds of arrivals per workload")
@@ -167,7 +235,7 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench-seed", type=int, default=0, help="robot execution-time draws")
     p.add_argument("--kv-gib", type=float, default=None, help="KV-cache memory for every profile (GiB)")
     p.add_argument("--jobs", type=int, default=sweep.default_jobs(), help="worker processes")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, type=_out_file, help="sweep JSON file to write")
     p.set_defaults(run=_sweep)
 
 
@@ -202,19 +270,25 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _add_profile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the tiny model)")
-    p.add_argument("--memory-from", default="rtx4090-llama3-8b", help="profile whose memory section is kept")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--out", required=True)
+    p.add_argument("--model", default=None, type=_model_dir,
+                   help="Hugging Face model directory (default: the shipped tiny model)")
+    p.add_argument("--memory-from", default=DEFAULT_HW, help="profile whose memory section is kept")
+    p.add_argument("--max-model-len", type=_positive_int, default=2048,
+                   help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default 2048)")
+    p.add_argument("--out", required=True, type=_out_file, help="hardware profile YAML file to write")
     p.set_defaults(run=_profile)
 
 
 def _profile(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import load_profile, save_profile
+
+    if args.max_model_len < MIN_PROFILE_MODEL_LEN:
+        raise ConfigError("profile", "--max-model-len", f"must be at least {MIN_PROFILE_MODEL_LEN}")
+    memory = load_profile(args.memory_from).memory
+    _quiet_vllm_logging()
     from timely_llm.engines.vllm_engine import VllmEngine
     from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
 
-    memory = load_profile(args.memory_from).memory
     engine = VllmEngine(args.model, max_model_len=args.max_model_len)
     lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < args.max_model_len - 8]
     samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16])
@@ -227,18 +301,30 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _add_table(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", nargs="+")
+    p.add_argument("results", nargs="+", type=_in_file, help="result JSON files of timely-llm bench or sweep")
     p.set_defaults(run=_table)
 
 
 def _read_results(paths: list[str]) -> list[dict]:
+    from timely_llm.evaluation.sweep import is_sweep
+
     results = []
     for path in paths:
         try:
-            results.append(json.loads(Path(path).read_text()))
+            result = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(path, "<file>", f"cannot read result JSON: {exc}") from exc
+        if not is_sweep(result) and not _is_bench_result(result):
+            raise ConfigError(path, "<root>", "not a timely-llm bench or sweep result "
+                                              "(needs policy, workload, requests and summary)")
+        results.append(result)
     return results
+
+
+def _is_bench_result(data: object) -> bool:
+    return (isinstance(data, dict) and isinstance(data.get("policy"), str) and isinstance(data.get("workload"), str)
+            and isinstance(data.get("requests"), list) and isinstance(data.get("summary"), dict)
+            and all(isinstance(s, dict) and "count" in s for s in data["summary"].values()))
 
 
 def _table(args: argparse.Namespace) -> int:
@@ -255,8 +341,9 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _add_sched(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 6, 8, 100, 1000, 10000])
-    p.add_argument("--repeat", type=int, default=200)
+    p.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 6, 8, 100, 1000, 10000],
+                   help="queue lengths to time (default 1 2 4 6 8 100 1000 10000)")
+    p.add_argument("--repeat", type=_positive_int, default=200, help="decisions timed per queue length (default 200)")
     p.set_defaults(run=_sched)
 
 
@@ -326,18 +413,23 @@ def _check_ros_args(argv: list[str]) -> None:
 
 
 def _add_replay_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default="WID1", help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--duration", type=float, default=60.0, help="replay the requests arriving in the first S s")
-    p.add_argument("--skill-models", nargs="*", default=None)
-    p.add_argument("--domain-id", type=int, default=int(os.environ.get("ROS_DOMAIN_ID", "0")))
+    p.add_argument("--workload", default="WID1",
+                   help="WID1 (default), WID1-high, WID2, WID3, or a workload JSON file")
+    p.add_argument("--seed", type=_nonneg_int, default=0,
+                   help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
+    p.add_argument("--duration", type=_positive_float, default=60.0,
+                   help="replay the requests arriving in the first S seconds (default 60)")
+    p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
+                   help="skill-model YAML files (default: the shipped ones)")
+    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
+                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
 
 
 def _add_robot_args(p: argparse.ArgumentParser, tello_sim: bool) -> None:
     p.add_argument("--tello-sim", action=argparse.BooleanOptionalAction, default=tello_sim,
                    help="fly drones on Tello simulators through djitellopy, arms on simulated arms "
                         "(else every robot sleeps its skill-model times)")
-    p.add_argument("--max-drones", type=int, default=DEFAULT_MAX_DRONES,
+    p.add_argument("--max-drones", type=_nonneg_int, default=DEFAULT_MAX_DRONES,
                    help="with --tello-sim: at most this many drones on simulators, the rest sleep their times")
 
 
@@ -365,7 +457,7 @@ def _watchdog(args: argparse.Namespace) -> dict[str, float]:
 def _add_fleet(p: argparse.ArgumentParser) -> None:
     _add_replay_args(p)
     _add_robot_args(p, tello_sim=False)
-    p.add_argument("--out", help="write the records and summary as JSON")
+    p.add_argument("--out", type=_out_file, help="write the records and summary as JSON")
     p.set_defaults(run=_fleet)
 
 
@@ -374,9 +466,11 @@ def _fleet(args: argparse.Namespace) -> int:
 
     skills, catalog, workload = _load_inputs(args)
     workload = cut(workload, args.duration)
-    with ros_session(args.domain_id) as (context, executor), _robots(args, workload, catalog, skills) as runners:
-        records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners)
-    result = fleet_result(workload, records, "node's", args.seed)
+    print(f"{len(workload.requests)} requests of {workload.name} to the running node on ROS domain {args.domain_id}")
+    with ros_session(args.domain_id) as (context, executor), _robots(args, workload, catalog, skills) as runners, \
+            _progress("fleet", len(workload.requests)) as progress:
+        records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress)
+    result = fleet_result(workload, records, FLEET_POLICY, args.seed)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     _print_summary(result)
@@ -388,8 +482,10 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
 
     _add_replay_args(p)
     _add_robot_args(p, tello_sim=True)
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", help="compared against vllm")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                   help="sim: calibrated simulator paced on the wall clock (default); vllm: embedded vLLM, tiny model")
+    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
+                   help=f"policy compared against vllm: one of {', '.join(POLICIES)} (default timelyllm)")
     p.set_defaults(run=_demo)
 
 
@@ -398,15 +494,135 @@ def _demo(args: argparse.Namespace) -> int:
 
     skills, catalog, workload = _load_inputs(args)
     workload = cut(workload, args.duration)
-    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine")
+    if args.engine == "vllm":
+        _quiet_vllm_logging()
+    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine; "
+          f"each policy replays them in real time ({args.duration:.0f} s of arrivals)", flush=True)
     for policy in (args.policy, "vllm"):
+        print(f"{policy}: starting the node ({args.engine} engine)", flush=True)
         with ros_session(args.domain_id) as (context, executor), \
                 server_node(executor, context, engine=args.engine, policy=policy,
                             network_latency=workload.network_latency, **_watchdog(args)), \
-                _robots(args, workload, catalog, skills) as runners:
-            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners)
+                _robots(args, workload, catalog, skills) as runners, \
+                _progress(policy, len(workload.requests)) as progress:
+            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress)
         _print_summary(fleet_result(workload, records, policy, args.seed))
     return 0
+
+
+FLEET_POLICY = "running node"
+"""The policy named in fleet results: whatever the running node serves with (its ``policy`` parameter)."""
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S) -> Iterator[Callable[[int], None]]:
+    """A callback taking the number of requests done; a thread prints 'done / total' every ``period_s``."""
+    done = [0]
+    stop = threading.Event()
+    began = time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(period_s):
+            print(f"  {label}: {done[0]}/{total} requests done ({time.monotonic() - began:.0f} s)", flush=True)
+
+    def update(count: int) -> None:
+        done[0] = count
+
+    printer = threading.Thread(target=report, daemon=True)
+    printer.start()
+    try:
+        yield update
+    finally:
+        stop.set()
+        printer.join()
+
+
+def _quiet_vllm_logging() -> None:
+    """vLLM logs to stdout at INFO; send only its warnings, to stderr, so results stay readable.
+
+    Must run before vLLM is imported; variables already set in the environment win.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+# ----- argument types: a bad value is a one-line error before any work -----
+
+MIN_PROFILE_MODEL_LEN = 128
+MAX_ROS_DOMAIN_ID = 232
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
+def _domain_id(text: str) -> int:
+    value = _nonneg_int(text)
+    if value > MAX_ROS_DOMAIN_ID:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a ROS 2 domain id (0-{MAX_ROS_DOMAIN_ID})")
+    return value
+
+
+def _in_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such file")
+    return text
+
+
+def _model_dir(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such model directory")
+    return text
+
+
+def _out_file(text: str) -> str:
+    """A file we can write: checked before the run, so a long run is not lost at the end."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r}: not writable")
+    return text
+
+
+def _out_dir(text: str) -> str:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} is not writable")
+    return text
 
 
 if __name__ == "__main__":

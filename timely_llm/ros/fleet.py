@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -73,10 +73,12 @@ def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
 
 
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
-              context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None) -> list[dict]:
+              context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
+              progress: Callable[[int], None] | None = None) -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
-    ``runners`` executes each agent's segments (default: SimulatedSkills for all).
+    ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
+    called with the number of requests ended so far, each time one ends.
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
@@ -88,7 +90,7 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     try:
         if not link.wait_for_server():
             raise RuntimeError("no timely_llm_server answers on request_plan")
-        sent = _replay(workload, catalog, robots)
+        sent = _replay(workload, catalog, robots, _counter(progress))
         deadline = time.monotonic() + RESULT_GRACE_S
         return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog) for req, outcome in sent]
     finally:
@@ -98,14 +100,31 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
         node.destroy_node()
 
 
-def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient]) -> list:
+def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient],
+            on_end: Callable[[object], None]) -> list:
     start = time.monotonic()
     sent = []
     for r in workload.requests:
         time.sleep(max(0.0, start + r.arrival - time.monotonic()))
         trace = catalog[r.trace]
-        sent.append((r, robots[r.agent].request(trace.prompt, r.tuf, trace.id, label=r.id)))
+        outcome = robots[r.agent].request(trace.prompt, r.tuf, trace.id, label=r.id)
+        outcome.finished.add_done_callback(on_end)
+        sent.append((r, outcome))
     return sent
+
+
+def _counter(progress: Callable[[int], None] | None) -> Callable[[object], None]:
+    """A done-callback counting ended requests (from any thread) into ``progress``."""
+    lock = threading.Lock()
+    ended = [0]
+
+    def count(_: object) -> None:
+        with lock:
+            ended[0] += 1
+            if progress is not None:
+                progress(ended[0])
+
+    return count
 
 
 def _record(request, outcome: TaskOutcome, catalog: TraceCatalog) -> dict:  # noqa: ANN001 - WorkloadRequest

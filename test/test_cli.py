@@ -1,0 +1,141 @@
+"""The command line: every bad argument is a one-line error with exit code 2, before any work; help says it all."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from timely_llm.cli import POLICY_HELP, build_parser, main
+from timely_llm.evaluation.harness import BENCH_POLICIES
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Exit code and stderr of ``timely-llm ARGV``, argparse's exits included."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], (needle, err)
+
+
+@pytest.fixture
+def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any bench, replay or vLLM start fails the test: the errors must come before them."""
+    import timely_llm.evaluation.harness as harness
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started before the bad argument was reported")
+
+    import timely_llm.ros.fleet as fleet
+
+    monkeypatch.setattr(harness, "run_bench", forbidden)
+    monkeypatch.setattr(fleet, "ros_session", forbidden)
+    monkeypatch.setitem(sys.modules, "timely_llm.engines.vllm_engine", None)  # importing it raises ImportError
+
+
+BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
+
+
+@pytest.mark.parametrize("argv,needles", [
+    ([*BENCH, "--out", "/nonexistent_dir/r.json"], ["--out", "/nonexistent_dir"]),
+    (["bench", "--engine", "vllm", "--workload", "WID1", "--policy", "isolated", "--out", "{tmp}/r.json"],
+     ["isolated", "--engine sim"]),
+    (["bench", "--engine", "vllm", "--hw", "h100-llama3-8b", "--workload", "WID1", "--policy", "vllm",
+      "--out", "{tmp}/r.json"], ["--hw"]),
+    ([*BENCH, "--model", "{tmp}", "--out", "{tmp}/r.json"], ["--model", "--engine vllm"]),
+    (["bench", "--engine", "vllm", "--model", "/no/such/model", "--workload", "WID1", "--policy", "vllm",
+      "--out", "{tmp}/r.json"], ["--model", "/no/such/model"]),
+    ([*BENCH, "--out", "{tmp}"], ["--out", "is a directory"]),
+    ([*BENCH, "--seed", "-1", "--out", "{tmp}/r.json"], ["--seed", "-1"]),
+    ([*BENCH, "--max-batch", "0", "--out", "{tmp}/r.json"], ["--max-batch"]),
+    ([*BENCH, "--max-batch", "many", "--out", "{tmp}/r.json"], ["--max-batch", "not an integer"]),
+    (["bench", "--workload", "WID1", "--policy", "best", "--out", "{tmp}/r.json"], ["--policy", "best"]),
+    ([*BENCH, "--hw", "no-such-gpu", "--out", "{tmp}/r.json"], ["no-such-gpu"]),
+    (["bench", "--workload", "WID9", "--policy", "vllm", "--out", "{tmp}/r.json"], ["WID9"]),
+    ([*BENCH, "--skill-models", "/no/robot.yaml", "--out", "{tmp}/r.json"], ["/no/robot.yaml"]),
+    ([*BENCH], ["--out"]),
+    (["workload", "--workload", "WID1", "--out", "/nonexistent_dir/w.json"], ["/nonexistent_dir"]),
+    (["table", "/no/such/result.json"], ["/no/such/result.json"]),
+    (["plot", "{tmp}/result.json", "--out", "{tmp}/result.json"], ["not a directory"]),
+    (["sched-overhead", "--repeat", "0"], ["--repeat"]),
+    (["sched-overhead", "--sizes", "10", "-5"], ["--sizes"]),
+    (["profile", "--max-model-len", "100", "--out", "{tmp}/hw.yaml"], ["--max-model-len", "128"]),
+    (["profile", "--out", "/nonexistent_dir/hw.yaml"], ["/nonexistent_dir"]),
+    (["fleet", "--duration", "0"], ["--duration"]),
+    (["fleet", "--domain-id", "999"], ["--domain-id", "0-232"]),
+    (["fleet", "--out", "/nonexistent_dir/f.json"], ["/nonexistent_dir"]),
+    (["demo", "--max-drones", "-2"], ["--max-drones"]),
+    (["demo", "--policy", "isolated"], ["--policy"]),
+    (["demo", "--workload", "/no/workload.json"], ["/no/workload.json"]),
+    (["sweep", "--agents", "0", "--out", "{tmp}/s.json"], ["--agents"]),
+    (["sweep", "--out", "/nonexistent_dir/s.json"], ["/nonexistent_dir"]),
+    (["launch"], ["launch"]),
+])
+def test_bad_arguments_fail_fast_on_one_line(argv: list[str], needles: list[str], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str], no_runs: None) -> None:
+    (tmp_path / "result.json").write_text("{}")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, err = run(argv, capsys)
+    assert_one_line_error(code, err, *[n.replace("{tmp}", str(tmp_path)) for n in needles])
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("content", ['{"requests": []}', "[1, 2]", '{"policy": "vllm", "workload": "w", '
+                                     '"requests": [], "summary": {"all": 3}}', "not json"])
+def test_table_and_plot_refuse_files_that_are_not_results(content: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "notes.json"
+    path.write_text(content)
+    assert_one_line_error(*run(["table", str(path)], capsys), str(path))
+    assert_one_line_error(*run(["plot", str(path), "--out", str(tmp_path / "plots")], capsys), str(path))
+    assert not (tmp_path / "plots").exists()
+
+
+def test_table_reads_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps({"name": "one", "requests": [{"arrival": 0.5, "agent": "d1", "trace": 6}]}))
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", str(workload), "--policy", "timelyllm", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["table", str(out)]) == 0
+    assert "| one | timelyllm |" in capsys.readouterr().out
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", sorted(subcommands()))
+def test_every_option_has_help(name: str) -> None:
+    undocumented = [a.dest for a in subcommands()[name]._actions
+                    if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
+    assert not undocumented
+
+
+def test_top_level_help_describes_policies_and_profiles_in_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from timely_llm.engines.hardware import PROFILE_DIR
+
+    assert set(POLICY_HELP) == set(BENCH_POLICIES)
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and ":class:" not in text
+    for policy in BENCH_POLICIES:
+        assert f"  {policy} " in text
+    for profile in PROFILE_DIR.glob("*.yaml"):
+        assert profile.stem in text
