@@ -33,28 +33,35 @@ def ros_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[rclpy.context.Conte
     rclpy.shutdown(context=context)
 
 
-def test_action_types_have_the_agreed_fields() -> None:
-    goal = interfaces_action.RequestPlan.Goal(
-        agent_id="tello-1", robot_type="tello", task="find a cat", tuf_ert=5.0,
-        tuf_alpha=0.5, tuf_beta=1.0, max_new_tokens=0, trace_id=7)
-    result = interfaces_action.RequestPlan.Result(status="succeeded", num_segments=3, utility=0.9)
-    segment = interfaces_msg.Segment(
-        request_id="r1", agent_id="tello-1", index=0, text="mf(50);",
-        skills=[interfaces_msg.SkillCall(name="mf", args=["50"])], final=True)
-    feedback = interfaces_action.RequestPlan.Feedback(segment=segment)
+AGREED_FIELDS = {
+    interfaces_action.RequestPlan.Goal: {
+        "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": "double", "tuf_alpha": "double",
+        "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32"},
+    interfaces_action.RequestPlan.Result: {
+        "status": "string", "reason": "string", "plan": "string", "response_time": "double",
+        "waiting_time": "double", "utility": "double", "num_segments": "uint32"},
+    interfaces_action.RequestPlan.Feedback: {"segment": "timely_llm/Segment"},
+    interfaces_msg.Segment: {
+        "request_id": "string", "agent_id": "string", "index": "uint32", "text": "string",
+        "skills": "sequence<timely_llm/SkillCall>", "estimated_exec_time": "double", "gen_start": "double",
+        "gen_end": "double", "dispatch_time": "double", "final": "boolean"},
+    interfaces_msg.SkillCall: {"name": "string", "args": "sequence<string>"},
+    interfaces_msg.SegmentDone: {
+        "agent_id": "string", "request_id": "string", "index": "uint32", "duration": "double",
+        "success": "boolean", "reason": "string"},
+    interfaces_msg.ServerStatus: {
+        "stamp": "builtin_interfaces/Time", "queue_length": "uint32", "running": "uint32", "suspended": "uint32",
+        "finished": "uint32", "categories": "sequence<string>", "mean_utility": "sequence<double>",
+        "count": "sequence<uint32>", "policy": "string", "engine": "string"},
+}
+"""What the node, the robot clients and the fleet read and write: a field renamed, retyped or dropped
+breaks them (fields may be added)."""
 
-    assert goal.trace_id == 7 and goal.robot_type == "tello"
-    assert result.num_segments == 3
-    assert feedback.segment.skills[0].args == ["50"]
 
-
-def test_server_status_holds_per_category_arrays() -> None:
-    status = interfaces_msg.ServerStatus(
-        queue_length=2, categories=["tello", "arm"], mean_utility=[0.8, 0.6], count=[3, 4],
-        policy="tuf", engine="sim")
-
-    assert list(status.mean_utility) == [0.8, 0.6]
-    assert list(status.count) == [3, 4]
+@pytest.mark.parametrize("interface", list(AGREED_FIELDS), ids=lambda c: c.__name__)
+def test_interfaces_keep_the_agreed_fields_and_types(interface: type) -> None:
+    fields = interface.get_fields_and_field_types()
+    assert {name: fields.get(name) for name in AGREED_FIELDS[interface]} == AGREED_FIELDS[interface]
 
 
 def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.Context) -> None:

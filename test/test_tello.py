@@ -151,7 +151,7 @@ def test_simulator_takes_the_duration_function_time_scaled(client_ports: tuple[i
         client.close()
         assert sim.state.flight_time == pytest.approx(2.0)
     assert asked == [("takeoff", None)]
-    assert 0.2 <= elapsed < 1.0
+    assert 0.2 <= elapsed < 2.0  # the scaled time at least; under the unscaled 2 s however loaded the machine
 
 
 def test_default_durations_follow_the_profiled_fits() -> None:
@@ -263,7 +263,7 @@ def test_re_plan_and_unknown_skills_fail_with_reasons(drone: TelloExecutor) -> N
 def test_delay_is_in_seconds_scaled_by_time_scale(drone: TelloExecutor) -> None:
     result = drone.execute_calls([("d", [20])])
     assert result.success
-    assert 20 * TIME_SCALE <= result.duration < 20 * TIME_SCALE + 0.5
+    assert 20 * TIME_SCALE <= result.duration < 20 * 0.1  # scaled: far under the 20 s of a real delay
 
 
 def test_duration_measures_the_segment(drone: TelloExecutor) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import pytest
+from guards import bounded
 
 from timely_llm.engines.base import EngineRejected, GenerationSpec, ResumeInfo
 from timely_llm.engines.vllm_engine import VllmEngine
@@ -53,7 +54,9 @@ def drive(engine: VllmEngine, specs: list[GenerationSpec], every: int = 0) -> Ru
     running, to_resume = set(by_id), []
     for spec in specs:
         engine.start(spec)
+    guard = bounded()
     while running or to_resume:
+        next(guard)
         for gen_id in to_resume:
             engine.start(replace(by_id[gen_id], output_ids=run.outputs[gen_id]))
             running.add(gen_id)
@@ -169,7 +172,9 @@ def test_free_kv_blocks_drop_while_running_and_recover_on_release(engine: VllmEn
     plan = engine.tokenizer.encode(PLAN * 12)[1:]
     engine.start(GenerationSpec("long", prompts[2], max_new_tokens=len(plan) + 1, forced_ids=plan))
     generated = 0
+    guard = bounded()
     while generated < engine.block_size + 10:
+        next(guard)
         out = engine.step()
         generated += len(out.new_tokens.get("long", []))
         assert "long" not in out.finished
@@ -184,7 +189,9 @@ def test_resume_after_eviction_reports_it_and_recomputes(engine: VllmEngine, pro
     straight = drive(engine, [replace(victim, gen_id="victim-straight")])
     engine.start(victim)
     output: list[int] = []
+    guard = bounded()
     while len(output) < 6:
+        next(guard)
         output += engine.step().new_tokens.get("victim", [])
     engine.suspend("victim")
     # Distinct first tokens: no flood prompt shares a cached block with another.

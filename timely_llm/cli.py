@@ -87,14 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if "--ros-args" in argv and command != "serve":  # before the command's own arguments are checked
+        parser.error(f"{command} takes no ROS arguments (--ros-args): only serve does")
     try:
         args = parser.parse_args(_without_ros_args(argv))
     except ConfigError as exc:
         parser.error(str(exc))
     if getattr(args, "ros_argv", None) is not None:
         args.ros_argv = argv
-    elif "--ros-args" in argv:
-        parser.error(f"{args.command} takes no ROS arguments (--ros-args): only serve does")
     try:
         return args.run(args)
     except ConfigError as exc:

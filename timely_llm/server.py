@@ -30,7 +30,7 @@ from timely_llm.core.request import Request, Segment, Status
 from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, StepOutput
+from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine, EngineRejected, GenerationSpec, StepOutput
 from timely_llm.errors import RequestRejected
 
 
@@ -82,7 +82,7 @@ class PlanRequest:
 class Server:
     def __init__(self, engine: Engine, robots: dict[str, SkillModel], policy: ServingPolicy, clock,
                  network_latency: float = 0.008, max_batch: int | None = None,
-                 default_max_new_tokens: int = 256,
+                 default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  on_segment: Callable[[Request, Segment], None] | None = None,
                  on_finish: Callable[[Request], None] | None = None) -> None:
         self.engine = engine

@@ -46,3 +46,6 @@ class TUF:
 
 NORMAL_TUF = TUF(ert=1.0, alpha=-2.0, beta=1.0)
 URGENT_TUF = TUF(ert=0.2, alpha=-6.67, beta=2.0)
+DEFAULT_TUFS: dict[str, TUF] = {"normal": NORMAL_TUF, "urgent": URGENT_TUF, "arm": NORMAL_TUF}
+"""The TUF of a request of each category (LRTrace's task categories) that gives none: the one source
+for workloads, the node's ``tuf.<category>.*`` parameter defaults and the config file."""

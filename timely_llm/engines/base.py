@@ -34,6 +34,10 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+DEFAULT_MAX_NEW_TOKENS = 256
+"""A plan's token budget when its request sets none (server, node parameter ``max_new_tokens``)."""
+
+
 class EngineRejected(Exception):
     """The engine refuses a generation (too long for the context, invalid ids...)."""
 
@@ -46,7 +50,7 @@ class GenerationSpec:
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     """Tokens generated so far; non-empty on resume."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     """Budget for the whole generation, counting ``output_ids``."""
     forced_ids: list[int] | None = None
     """A recorded plan to force-decode (trace replay); None lets the model decide."""

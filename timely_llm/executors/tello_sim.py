@@ -10,12 +10,15 @@ degrees, clockwise positive, in [-180, 180) like the drone reports it.
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
+
+from timely_llm.core.skills import TimeModel, load_skill_model, skill_model_dir
 
 DurationFunction = Callable[[str, float | None], float]
 """Seconds of simulated time a command takes, given its keyword and numeric argument."""
@@ -27,6 +30,8 @@ MOVE_RANGE_CM = (20, 500)
 TURN_RANGE_DEG = (1, 360)
 SPEED_RANGE_CM_S = (10, 100)
 BATTERY_DRAIN_PER_S = 100 / (13 * 60)  # a full battery flies about 13 minutes
+TAKEOFF_LAND_S = 3.0  # not skills of the plans, so not in the skill model
+FLIP_S = 2.0
 
 # Tello answers these with "ok" and nothing changes in the simulation.
 _SETTINGS = frozenset({
@@ -38,17 +43,38 @@ _VERTICAL = {"up": 1, "down": -1}
 _TURNS = {"cw": 1, "ccw": -1}
 
 
+# The SDK command each MiniSpec movement skill sends (executors/tello.py).
+_SKILL_OF_COMMAND = {
+    "forward": "move_forward", "back": "move_backward", "left": "move_left", "right": "move_right",
+    "up": "move_up", "down": "move_down", "cw": "turn_cw", "ccw": "turn_ccw",
+}
+
+
 def tello_command_duration(command: str, value: float | None) -> float:
-    """Linear fits to a real Tello's command times (TimelyLLM's profiling)."""
-    if command in _MOVES or command in _VERTICAL:
-        return 0.0072 * (value or 0.0) + 1.8144
-    if command in _TURNS:
-        return 0.0165 * (value or 0.0) + 0.784
+    """Seconds a real Tello takes: moves and turns as the tello skill model times their skills
+    (skill_models/tello.yaml, TimelyLLM's profiling), takeoff, land and flip as measured."""
+    model = _command_times().get(command)
+    if model is not None:
+        return model.lower_bound(value)
     if command in ("takeoff", "land"):
-        return 3.0
+        return TAKEOFF_LAND_S
     if command == "flip":
-        return 2.0
+        return FLIP_S
     return 0.0
+
+
+@functools.cache
+def _command_times() -> dict[str, TimeModel]:
+    tello = load_skill_model(skill_model_dir() / "tello.yaml")
+    by_name = {skill.name: skill.time for skill in tello.skills.values()}
+    return {command: by_name[skill] for command, skill in _SKILL_OF_COMMAND.items()}
+
+
+def free_udp_port() -> int:
+    """A UDP port free on every local address now (for a client or simulator to bind next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from rclpy.parameter import Parameter
 from timely_llm.clock import WallClock
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
-from timely_llm.core.tuf import TUF
-from timely_llm.engines.base import Engine
+from timely_llm.core.tuf import DEFAULT_TUFS, TUF
+from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall
 from timely_llm.ros.interfaces import Segment as SegmentMsg
@@ -36,7 +36,7 @@ from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1
-CATEGORIES = ("normal", "urgent", "arm")
+CATEGORIES = tuple(DEFAULT_TUFS)
 EXECUTOR_THREADS = 64
 """Each goal being served holds an executor thread for its whole life, so there must be plenty."""
 
@@ -51,13 +51,12 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "max_batch": (0, "maximum batch size; 0 = the policy's default"),
     "network_latency": (0.008, "one-way robot<->server latency in seconds"),
     "max_prompt_tokens": (1792, "goals whose prompt is longer are rejected (vllm: + max_new_tokens <= max_model_len)"),
-    "max_new_tokens": (256, "default cap on a plan's tokens"),
+    "max_new_tokens": (DEFAULT_MAX_NEW_TOKENS, "default cap on a plan's tokens"),
     "segment_timeout_factor": (3.0, "a segment times out after factor x its estimated execution time ..."),
     "segment_timeout_margin": (5.0, "... plus this many seconds"),
     "status_period": (1.0, "seconds between ServerStatus messages"),
     **{f"tuf.{c}.{k}": (v, f"default TUF {k} for {c} goals that give none")
-       for c, tuf in (("normal", TUF(1.0, -2.0, 1.0)), ("urgent", TUF(0.2, -6.67, 2.0)), ("arm", TUF(1.0, -2.0, 1.0)))
-       for k, v in tuf.to_dict().items()},
+       for c, tuf in DEFAULT_TUFS.items() for k, v in tuf.to_dict().items()},
 }
 
 

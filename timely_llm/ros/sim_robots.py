@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,7 @@ from timely_llm.core.skills import SkillModel
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.minispec import Value
 from timely_llm.executors.tello import FakeScene, SceneObject, TelloExecutor, use_client_ports
-from timely_llm.executors.tello_sim import TelloSimulator, tello_command_duration
+from timely_llm.executors.tello_sim import TelloSimulator, free_udp_port, tello_command_duration
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.robot_client import SegmentRunner, SimulatedSkills, arm_runner, segment_rng, tello_runner
 from timely_llm.workloads.traces import TraceCatalog
@@ -124,14 +123,8 @@ def arm_objects(catalog: TraceCatalog, model: SkillModel) -> dict[str, str]:
 def ensure_client_ports() -> tuple[int, int]:
     """Free local ports for djitellopy unless it listens already or others were chosen; the ports in use."""
     if not djitellopy_tello.threads_initialized and (Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT) == TELLO_PORTS:
-        use_client_ports(_free_udp_port(), _free_udp_port())
+        use_client_ports(free_udp_port(), free_udp_port())
     return Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from timely_llm.core.skills import SkillModel
-from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
+from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.errors import ConfigError, read_mapping
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -64,7 +64,7 @@ class Workload:
 
 
 def default_tuf(category: str) -> TUF:
-    return URGENT_TUF if category == "urgent" else NORMAL_TUF
+    return DEFAULT_TUFS[category]
 
 
 def generate(spec: WorkloadSpec, catalog: TraceCatalog, robots: dict[str, SkillModel], seed: int,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.errors import ConfigError, read_mapping
 
 CATALOG_PATH = Path(__file__).with_name("lrtrace.yaml")
-CATEGORIES = ("normal", "urgent", "arm")
+CATEGORIES = tuple(DEFAULT_TUFS)
 
 
 @dataclass(frozen=True)
