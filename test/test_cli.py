@@ -139,3 +139,17 @@ def test_top_level_help_describes_policies_and_profiles_in_plain_text(capsys: py
         assert f"  {policy} " in text
     for profile in PROFILE_DIR.glob("*.yaml"):
         assert profile.stem in text
+
+
+def test_the_readme_workload_example_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = re.search(r"```json\n(.*?)```", readme, re.S)
+    assert example, "README.md has no workload example"
+    workload = tmp_path / "example.json"
+    workload.write_text(example.group(1))
+    assert main(["bench", "--workload", str(workload), "--policy", "timelyllm", "--out", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [r["status"] for r in result["requests"]] == ["succeeded", "succeeded"]
+    assert result["requests"][1]["tuf"] == {"ert": 0.5, "alpha": -4.0, "beta": 2.0}
