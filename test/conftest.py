@@ -1,4 +1,10 @@
+import itertools
+import os
+from collections.abc import Callable, Iterator
+
 import pytest
+
+_ROS_DOMAINS = itertools.count()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -16,3 +22,53 @@ def tello_client_ports() -> tuple[int, int]:
 
     use_client_ports(free_udp_port(), free_udp_port())
     return Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT
+
+
+# ----- ROS 2 (rclpy + Fast DDS on loopback): every test gets a DDS domain of its own -----
+
+@pytest.fixture
+def ros_domain(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    return 1 + (os.getpid() + next(_ROS_DOMAINS)) % 99
+
+
+@pytest.fixture
+def session(ros_domain: int) -> Iterator:
+    """(context, executor) of an rclpy session spinning in a thread."""
+    from timely_llm.ros.fleet import ros_session
+
+    with ros_session(ros_domain) as ctx_exec:
+        yield ctx_exec
+
+
+@pytest.fixture
+def link(session: tuple) -> Iterator:
+    """A PlanLink (action client + SegmentDone publisher) on a node of its own."""
+    from rclpy.node import Node
+
+    from timely_llm.ros.robot_client import PlanLink
+
+    context, executor = session
+    node = Node("test_robots", context=context)
+    executor.add_node(node)
+    yield PlanLink(node)
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+@pytest.fixture
+def robots(link: object) -> Iterator[Callable]:
+    """Makes RobotClients on ``link`` executing SimulatedSkills at 0.2x their time unless given a runner."""
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.ros.robot_client import RobotClient, SimulatedSkills
+
+    skills = load_skill_models()
+    made: list[RobotClient] = []
+
+    def make(agent: str, robot: str = "tello", runner: Callable | None = None, report: bool = True) -> RobotClient:
+        made.append(RobotClient(link, agent, robot, runner or SimulatedSkills(skills[robot], time_scale=0.2), report))
+        return made[-1]
+
+    yield make
+    for robot in made:
+        robot.close()

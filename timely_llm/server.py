@@ -9,7 +9,7 @@ the engine, and the next scheduling point either keeps it running (when the
 batch has room for it and nothing more urgent waits for that room) or suspends it.
 A request ends (``on_finish``) once its plan is generated and the robot has
 reported every segment executed, or when it is aborted or canceled; no accepted
-request ends any other way.
+request ends any other way, and once ended it is forgotten.
 
 A request's status and its place (queue, ``running``, ``parked``, the engine) change
 together, in one method per transition of the state machine drawn in
@@ -129,7 +129,8 @@ class Server:
         """A robot reports that it executed segment ``index`` (times on the server's clock)."""
         with self.lock:
             request = self.requests.get(request_id)
-            if request is None or request.status.ended or index >= len(request.segments):
+            if (request is None or request.status.ended or index >= len(request.segments)
+                    or request.segments[index].exec_end is not None):
                 return
             segment = request.segments[index]
             segment.exec_start, segment.exec_end, segment.success = exec_start, exec_end, success
@@ -308,6 +309,7 @@ class Server:
                 self.engine.release(request.id)
         finally:
             self.on_finish(request)
+            self.requests.pop(request.id, None)  # an ended request lives on only in what on_finish kept
 
     # ----- engine output -----
 
@@ -327,23 +329,34 @@ class Server:
         request.output_ids.extend(tokens)
         request.seg_tokens += len(tokens)
         text = request.detok.push(tokens) if tokens else ""
-        dispatched = False
+        pieces: list[str] = []
         if self.policy.streaming:
-            for piece in request.segmenter.feed(text):
-                self._dispatch(request, piece, now)
-                dispatched = True
+            pieces = request.segmenter.feed(text)
         else:
             request.segmenter.hold(text)
         if finished:
-            self._generated(request)  # before the last dispatch, so on_segment sees it is final
+            self._generated(request)
             rest = request.segmenter.flush()
-            if rest.strip() or not request.segments:
-                self._dispatch(request, rest, now)
+            # An empty last segment tells the robot a plan ended after a segment already sent as not final.
+            if rest.strip() or not pieces and not (request.segments and request.segments[-1].final):
+                pieces.append(rest)
+        last = finished or self._out_of_tokens(request)
+        for i, piece in enumerate(pieces):
+            self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
+        if finished:
             self._finish_if_done(request)
-        elif dispatched and self.policy.segmented:
+        elif pieces and self.policy.segmented:
             self._park(request)
 
-    def _dispatch(self, request: Request, text: str, now: float) -> None:
+    @staticmethod
+    def _out_of_tokens(request: Request) -> bool:
+        """No text can follow what was cut: the recorded plan or the token budget is used up."""
+        produced = len(request.output_ids)
+        used_up = produced >= request.max_new_tokens or (
+            request.forced_ids is not None and produced >= len(request.forced_ids))
+        return used_up and not request.segmenter.pending.strip()
+
+    def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> None:
         robot = request.robot
         estimate = robot.min_exec_time(text)
         arrives = now + self.network_latency
@@ -351,7 +364,7 @@ class Server:
         cached, evicted = request.last_start_cache or (None, False)
         segment = Segment(len(request.segments), text, robot.find_calls(text),
                           gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
-                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted)
+                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final)
         request.segments.append(segment)
         request.prev_end_est = start_est + estimate
         request.seg_tokens = 0

@@ -100,6 +100,8 @@ class Segment:
     cached_tokens: int | None = None
     """Prefix-cache hit when the generation was (re)started for this segment."""
     evicted: bool = False
+    final: bool = False
+    """The plan's last segment."""
 
     def to_dict(self) -> dict:
         return {

@@ -55,8 +55,8 @@ def server_node(executor: MultiThreadedExecutor, context: Context, **params: obj
     try:
         yield node
     finally:
+        node.shutdown()  # while still spun, so the goals it aborts get their results
         executor.remove_node(node)
-        node.shutdown()
         node.destroy_node()
 
 

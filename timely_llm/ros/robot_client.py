@@ -27,6 +27,7 @@ from timely_llm.executors.base import SegmentResult, run_timed
 from timely_llm.executors.tello import TelloExecutor
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.qos import DEEP_RELIABLE, action_client_qos
 
 SegmentRunner = Callable[[SegmentMsg, str], SegmentResult]
 """Executes one segment of the task labelled ``label`` and says how it went."""
@@ -92,8 +93,8 @@ class PlanLink:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.action = ActionClient(node, RequestPlan, "request_plan")
-        self.done_pub = node.create_publisher(SegmentDone, "segment_done", 100)
+        self.action = ActionClient(node, RequestPlan, "request_plan", **action_client_qos())
+        self.done_pub = node.create_publisher(SegmentDone, "segment_done", DEEP_RELIABLE)
 
     def wait_for_server(self, timeout_s: float = 30.0) -> bool:
         return self.action.wait_for_server(timeout_sec=timeout_s)
@@ -167,7 +168,10 @@ class RobotClient:
             if self.report:
                 report = SegmentDone(agent_id=self.agent_id, request_id=segment.request_id, index=segment.index,
                                      duration=result.duration, success=result.success, reason=result.reason)
-                threading.Timer(self.network_delay, self._publish, (report,)).start()
+                if self.network_delay > 0:
+                    threading.Timer(self.network_delay, self._publish, (report,)).start()
+                else:
+                    self._publish(report)
 
     def _publish(self, report: SegmentDone) -> None:
         if not self._stopping.is_set():

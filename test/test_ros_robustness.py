@@ -1,0 +1,163 @@
+"""The node against bad robots and lifecycle changes, over real rclpy and Fast DDS on the sim engine.
+
+Malformed or foreign SegmentDone reports are refused with a logged reason and change
+nothing; the watchdog catches a skipped segment; ``final`` marks the real last segment;
+the status topic counts goals whose robot is executing; lifecycle transitions gate goals.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import pytest
+from rclpy.lifecycle import TransitionCallbackReturn
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.ros.fleet import server_node
+from timely_llm.ros.interfaces import SegmentDone, ServerStatus
+from timely_llm.ros.robot_client import PlanLink, RobotClient, TaskOutcome
+from timely_llm.workloads.traces import load_catalog
+
+pytestmark = pytest.mark.ros
+
+RESULT_TIMEOUT_S = 60.0
+CATALOG = load_catalog()
+SKILLS = load_skill_models()
+
+
+def ask(robot: RobotClient, trace_id: int) -> TaskOutcome:
+    return robot.request(CATALOG[trace_id].prompt, None, trace_id)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = RESULT_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def whole_plan(outcome: TaskOutcome) -> None:
+    """Wait until every segment of the plan has arrived (the last one says final)."""
+    wait_until(lambda: bool(outcome.segments) and outcome.segments[-1].final)
+
+
+def report(link: PlanLink, agent: str, outcome: TaskOutcome, index: int, duration: float = 0.001,
+           success: bool = True, reason: str = "") -> None:
+    link.done_pub.publish(SegmentDone(agent_id=agent, request_id=outcome.segments[0].request_id, index=index,
+                                      duration=duration, success=success, reason=reason))
+
+
+BAD_REPORTS = [  # (agent, index, duration, success, what the node logs)
+    ("victim", 0, math.nan, True, "not a finite"),
+    ("victim", 0, math.inf, True, "not a finite"),
+    ("victim", 0, -1.0, True, "not a finite, non-negative"),
+    ("victim", 0, 1e308, True, "since its dispatch"),
+    ("victim", 0, 1e308, True, "since its dispatch"),
+    ("victim", 99, 0.001, True, "segment 99 was not dispatched"),
+    ("intruder", 0, 0.001, False, "agent 'intruder' did not send this goal"),
+]
+
+
+def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: tuple, link: PlanLink,
+                                                                     robots: Callable, capfd) -> None:
+    chunks: list[str] = []
+
+    def logged() -> str:
+        chunks.append(capfd.readouterr().err)
+        return "".join(chunks)
+
+    with server_node(session[1], session[0], segment_timeout_margin=60.0):
+        victim = ask(robots("victim", report=False), 2)
+        bystander = ask(robots("bystander"), 7)
+        whole_plan(victim)
+        for agent, index, duration, success, _ in BAD_REPORTS:
+            report(link, agent, victim, index, duration, success, "sabotage")
+        report(link, "victim", victim, 0)
+        report(link, "victim", victim, 0)  # duplicate
+        wait_until(lambda: "segment 0 was already reported" in logged())
+        assert not victim.finished.done()  # still waiting for its other segments: nothing was aborted
+        for index in range(1, len(victim.segments)):
+            report(link, "victim", victim, index)
+        victim.wait(RESULT_TIMEOUT_S)
+        assert bystander.wait(RESULT_TIMEOUT_S).status == "succeeded"
+    for _, _, _, _, reason in BAD_REPORTS:
+        assert reason in logged(), reason
+    assert victim.status == "succeeded", victim.result.reason
+    assert victim.result.num_segments == len(victim.segments)
+    assert 0 <= victim.result.response_time < RESULT_TIMEOUT_S and math.isfinite(victim.result.waiting_time)
+    assert victim.result.utility == pytest.approx(1.0)  # the default TUF's beta: on time, no more
+
+
+def test_a_skipped_segment_is_caught_by_the_watchdog_however_the_others_are_reported(
+        session: tuple, link: PlanLink, robots: Callable) -> None:
+    with server_node(session[1], session[0], segment_timeout_factor=1.0, segment_timeout_margin=0.5):
+        outcome = ask(robots("skipper", report=False), 2)
+        whole_plan(outcome)
+        assert len(outcome.segments) >= 3
+        for index in reversed(range(1, len(outcome.segments))):  # all but segment 0, out of order
+            report(link, "skipper", outcome, index)
+        outcome.wait(RESULT_TIMEOUT_S)
+    assert outcome.status == "aborted" and "did not report segment 0 done" in outcome.result.reason
+
+
+@pytest.mark.parametrize("trace", [6, 3])
+def test_final_marks_the_real_last_segment(session: tuple, robots: Callable, trace: int) -> None:
+    plan = CATALOG[trace].plan
+    assert plan.endswith(";") or plan.endswith("}")  # the segmenter cut the last segment before the plan ended
+    with server_node(session[1], session[0]):
+        outcome = ask(robots(f"d{trace}"), trace).wait(RESULT_TIMEOUT_S)
+    assert outcome.status == "succeeded", outcome.result.reason
+    assert [s.final for s in outcome.segments] == [False] * (len(outcome.segments) - 1) + [True]
+    assert outcome.segments[-1].text.strip() and "".join(s.text for s in outcome.segments) == plan
+
+
+def test_status_counts_goals_whose_robot_is_executing(session: tuple, link: PlanLink, robots: Callable) -> None:
+    statuses: list[ServerStatus] = []
+    link.node.create_subscription(ServerStatus, "status", statuses.append, 100)
+    with server_node(session[1], session[0], status_period=0.1, segment_timeout_margin=60.0):
+        stuck = [ask(robots(f"mute{i}", report=False), 7) for i in range(2)]
+        for outcome in stuck:
+            wait_until(lambda outcome=outcome: bool(outcome.segments))
+        seen = len(statuses)
+        wait_until(lambda: any(m.executing == 2 for m in statuses[seen:]))
+        for outcome in stuck:
+            whole_plan(outcome)
+            for index in range(len(outcome.segments)):
+                report(link, outcome.segments[0].agent_id, outcome, index)
+            outcome.wait(RESULT_TIMEOUT_S)
+        seen = len(statuses)
+        wait_until(lambda: any(m.executing == 0 and m.finished == 2 for m in statuses[seen:]))
+    assert [o.status for o in stuck] == ["succeeded"] * 2
+
+
+def test_lifecycle_gates_goals_and_deactivate_aborts_those_in_flight(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], autostart=False, segment_timeout_margin=60.0) as node:
+        assert node.server is None
+        assert ask(robots("early"), 7).wait(RESULT_TIMEOUT_S).status == "rejected"
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS and node.server is not None
+        assert ask(robots("inactive"), 7).wait(RESULT_TIMEOUT_S).status == "rejected"
+        assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        assert ask(robots("served"), 7).wait(RESULT_TIMEOUT_S).status == "succeeded"
+
+        in_flight = ask(robots("mute", report=False), 7)
+        wait_until(lambda: bool(in_flight.segments))
+        assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+        in_flight.wait(RESULT_TIMEOUT_S)
+        assert ask(robots("late"), 7).wait(RESULT_TIMEOUT_S).status == "rejected"
+        engine = node.server.engine
+        assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert node.server is None and not engine.running_ids()
+
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        assert ask(robots("again"), 7).wait(RESULT_TIMEOUT_S).status == "succeeded"
+    assert in_flight.status == "aborted" and in_flight.result.reason == "server deactivated"
+
+
+def test_a_node_that_cannot_configure_says_why(session: tuple) -> None:
+    from timely_llm.ros.node import NodeStartError
+
+    with pytest.raises(NodeStartError, match="policy"), server_node(session[1], session[0], policy="nonsense"):
+        pass
