@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 
 def bounded(limit: int = 10_000) -> Iterator[int]:
     """Call ``next()`` on it once per iteration; the call after ``limit`` fails the test."""
     yield from range(limit)
     raise AssertionError(f"still waiting after {limit} iterations")
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.01)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from guards import wait_until
 
 from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
@@ -97,10 +98,7 @@ def test_a_signal_aborts_every_goal_in_flight_with_its_result_and_exits_0(node_p
     assert link.wait_for_server(30.0)
     sent = [send(link, f"mute-{i}", 6 + i % 3, report=False) for i in range(50)]
     for _, outcome in sent:  # in flight: accepted, planned, its robot never reports
-        deadline = time.monotonic() + BURST_TIMEOUT_S
-        while not outcome.segments:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda outcome=outcome: outcome.segments, BURST_TIMEOUT_S, "a segment of every goal")
     node.send_signal(signum)
     ended = wait_all([outcome for _, outcome in sent], time.monotonic() + SHUTDOWN_RESULTS_S)
     assert all(o is not None for o in ended), f"{sum(o is None for o in ended)} results missing after 2 s"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 import math
 import socket
-import time
 from collections.abc import Callable
 
 import pytest
+from guards import wait_until
 
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
@@ -33,6 +33,7 @@ from timely_llm.ros.robot_client import (
     tello_runner,
 )
 from timely_llm.ros.sim_robots import SkillTimes, simulated_robots
+from timely_llm.server import Server
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
 
@@ -109,32 +110,62 @@ def test_segments_arrive_in_order_as_feedback_before_the_result(session: tuple, 
     assert 0 <= outcome.result.response_time and 0 < outcome.result.utility <= 1.0
 
 
-def _urgent_wait(session: tuple, link: PlanLink, robots: Callable, policy: str) -> float:
-    """Seconds from sending an urgent goal, amid 12 arm plans generating, to its first segment."""
-    with server_node(session[1], session[0], policy=policy):
-        assert link.wait_for_server()  # discovery time must not count as waiting
+def _urgent_wait(session: tuple, link: PlanLink, robots: Callable, policy: str) -> int:
+    """Engine iterations from an urgent goal's arrival, amid 12 arm plans generating, to its first segment.
+
+    Counted in iterations, not seconds: the wall clock of a loaded machine says nothing about the scheduler.
+    """
+    with server_node(session[1], session[0], policy=policy) as node:
+        assert link.wait_for_server()
+        arrived, first_segment = _watch_steps(node.server, "drone")
         arms = [ask(robots(f"{policy}-arm{i}", "arm"), 9 + i % 3) for i in range(12)]
-        time.sleep(0.3)
+        wait_until(lambda: all(a.segments for a in arms), RESULT_TIMEOUT_S, "every arm plan generating")
         urgent = ask(robots(f"{policy}-drone", "tello"), 6).wait(RESULT_TIMEOUT_S)
         for arm in arms:
             arm.wait(RESULT_TIMEOUT_S)
     assert urgent.status == "succeeded"
-    return urgent.first_segment_at - urgent.sent
+    assert urgent.first_segment_at is not None
+    return first_segment[0] - arrived[0]
+
+
+def _watch_steps(server: Server, agent_part: str) -> tuple[list[int], list[int]]:
+    """Lists that will hold the engine iteration count when a matching agent's goal arrives / gets segment 0."""
+    steps = itertools.count(1)
+    count = [0]
+    arrived: list[int] = []
+    first_segment: list[int] = []
+    engine_step, submit, on_segment = server.engine.step, server.submit, server.on_segment
+
+    def step():  # noqa: ANN202 - StepOutput
+        count[0] = next(steps)
+        return engine_step()
+
+    def watched_submit(plan):  # noqa: ANN001, ANN202 - PlanRequest -> Request
+        if agent_part in plan.agent:
+            arrived.append(count[0])
+        return submit(plan)
+
+    def watched_segment(request, segment) -> None:  # noqa: ANN001
+        if agent_part in request.agent and segment.index == 0:
+            first_segment.append(count[0])
+        on_segment(request, segment)
+
+    server.engine.step, server.submit, server.on_segment = step, watched_submit, watched_segment
+    return arrived, first_segment
 
 
 def test_urgent_goal_gets_its_first_segment_sooner_than_under_vllm(session: tuple, link: PlanLink,
                                                                    robots: Callable) -> None:
     timely = _urgent_wait(session, link, robots, "timelyllm")
     vllm = _urgent_wait(session, link, robots, "vllm")
-    assert timely < 0.5 * vllm, (timely, vllm)
+    assert 0 < timely < 0.5 * vllm, (timely, vllm)
 
 
 def test_cancel_ends_the_goal_canceled_and_frees_the_generation(session: tuple, robots: Callable) -> None:
     with server_node(session[1], session[0]) as node:
         arm = robots("a1", "arm")
         outcome = ask(arm, 11)
-        while not outcome.segments:
-            time.sleep(0.01)
+        wait_until(lambda: outcome.segments, RESULT_TIMEOUT_S, "the first segment")
         arm.cancel(outcome)
         outcome.wait(RESULT_TIMEOUT_S)
         request_id = outcome.segments[0].request_id
@@ -166,12 +197,15 @@ def test_status_reports_queue_counts_and_per_category_utility(session: tuple, li
     with server_node(session[1], session[0], status_period=STATUS_PERIOD_S):
         outcomes = [ask(robots(f"s{trace}", robot), trace) for trace, robot in traces.items()]
         results = [o.wait(RESULT_TIMEOUT_S) for o in outcomes]
-        time.sleep(3 * STATUS_PERIOD_S)
+        wait_until(lambda: statuses and statuses[-1].finished == len(traces), RESULT_TIMEOUT_S, "all finished")
+        seen = len(statuses)
+        wait_until(lambda: len(statuses) >= max(5, seen + 2), RESULT_TIMEOUT_S, "two more statuses")
 
     assert [r.status for r in results] == ["succeeded"] * 3
     stamps = [m.stamp.sec + m.stamp.nanosec * 1e-9 for m in statuses]
     gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
-    assert len(statuses) >= 5 and gaps[len(gaps) // 2] == pytest.approx(STATUS_PERIOD_S, abs=0.05)
+    # Periodic: a loaded machine delays some ticks, so the typical gap, not each, is the period.
+    assert 0.75 * STATUS_PERIOD_S <= gaps[len(gaps) // 2] <= 1.5 * STATUS_PERIOD_S, gaps
     assert {(m.policy, m.engine) for m in statuses} == {("timelyllm", "sim")}
     for m in statuses:
         assert m.suspended <= m.queue_length and m.queue_length + m.running + m.finished <= len(traces)

@@ -8,10 +8,10 @@ the status topic counts goals whose robot is executing; lifecycle transitions ga
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import pytest
+from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 
 from timely_llm.core.skills import load_skill_models
@@ -31,16 +31,9 @@ def ask(robot: RobotClient, trace_id: int) -> TaskOutcome:
     return robot.request(CATALOG[trace_id].prompt, None, trace_id)
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = RESULT_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def whole_plan(outcome: TaskOutcome) -> None:
     """Wait until every segment of the plan has arrived (the last one says final)."""
-    wait_until(lambda: bool(outcome.segments) and outcome.segments[-1].final)
+    wait_until(lambda: outcome.segments and outcome.segments[-1].final, RESULT_TIMEOUT_S, "the final segment")
 
 
 def report(link: PlanLink, agent: str, outcome: TaskOutcome, index: int, duration: float = 0.001,
@@ -76,7 +69,7 @@ def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: t
             report(link, agent, victim, index, duration, success, "sabotage")
         report(link, "victim", victim, 0)
         report(link, "victim", victim, 0)  # duplicate
-        wait_until(lambda: "segment 0 was already reported" in logged())
+        wait_until(lambda: "segment 0 was already reported" in logged(), RESULT_TIMEOUT_S, "the duplicate refused")
         assert not victim.finished.done()  # still waiting for its other segments: nothing was aborted
         for index in range(1, len(victim.segments)):
             report(link, "victim", victim, index)
@@ -119,16 +112,18 @@ def test_status_counts_goals_whose_robot_is_executing(session: tuple, link: Plan
     with server_node(session[1], session[0], status_period=0.1, segment_timeout_margin=60.0):
         stuck = [ask(robots(f"mute{i}", report=False), 7) for i in range(2)]
         for outcome in stuck:
-            wait_until(lambda outcome=outcome: bool(outcome.segments))
+            wait_until(lambda outcome=outcome: outcome.segments, RESULT_TIMEOUT_S, "a segment")
         seen = len(statuses)
-        wait_until(lambda: any(m.executing == 2 for m in statuses[seen:]))
+        wait_until(lambda: any(m.executing == 2 for m in statuses[seen:]), RESULT_TIMEOUT_S,
+                   f"executing 2 ({len(statuses)} statuses, last {statuses[-1:]})")
         for outcome in stuck:
             whole_plan(outcome)
             for index in range(len(outcome.segments)):
                 report(link, outcome.segments[0].agent_id, outcome, index)
             outcome.wait(RESULT_TIMEOUT_S)
         seen = len(statuses)
-        wait_until(lambda: any(m.executing == 0 and m.finished == 2 for m in statuses[seen:]))
+        wait_until(lambda: any(m.executing == 0 and m.finished == 2 for m in statuses[seen:]), RESULT_TIMEOUT_S,
+                   "executing 0")
     assert [o.status for o in stuck] == ["succeeded"] * 2
 
 
@@ -142,7 +137,7 @@ def test_lifecycle_gates_goals_and_deactivate_aborts_those_in_flight(session: tu
         assert ask(robots("served"), 7).wait(RESULT_TIMEOUT_S).status == "succeeded"
 
         in_flight = ask(robots("mute", report=False), 7)
-        wait_until(lambda: bool(in_flight.segments))
+        wait_until(lambda: in_flight.segments, RESULT_TIMEOUT_S, "a segment")
         assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
         in_flight.wait(RESULT_TIMEOUT_S)
         assert ask(robots("late"), 7).wait(RESULT_TIMEOUT_S).status == "rejected"

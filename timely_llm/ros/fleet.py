@@ -23,7 +23,7 @@ from rclpy.parameter import Parameter
 
 from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
-from timely_llm.ros.node import EXECUTOR_THREADS, TimelyLlmNode
+from timely_llm.ros.node import EXECUTOR_THREADS, TimelyLlmNode, spin
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
@@ -37,11 +37,13 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
     context = Context()
     rclpy.init(context=context, domain_id=domain_id)
     executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
+    stop = threading.Event()
+    spinner = threading.Thread(target=spin, args=(executor, stop), daemon=True)
     spinner.start()
     try:
         yield context, executor
     finally:
+        stop.set()
         executor.shutdown()
         rclpy.try_shutdown(context=context)
         spinner.join()

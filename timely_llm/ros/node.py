@@ -57,8 +57,11 @@ from timely_llm.workloads.traces import TraceCatalog, load_catalog
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1
 CATEGORIES = tuple(DEFAULT_TUFS)
-EXECUTOR_THREADS = 4
-"""One per callback group (goals and results, reports, timers, lifecycle/parameters): no goal holds a thread."""
+EXECUTOR_THREADS = 5
+"""One per callback group (goals and results, reports, watchdog, status, lifecycle and parameters): no goal holds
+a thread."""
+SPIN_WAKE_S = 0.1
+"""The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
 SHUTDOWN_TIMEOUT_S = 1.5
 """Shutdown waits at most this long for the results of the goals it aborts to be handed to rclpy ..."""
 RESULT_FLUSH_S = 0.3
@@ -299,10 +302,11 @@ class TimelyLlmNode(LifecycleNode):
         self._outbox_ready = self.create_guard_condition(self._guarded(self._drain_outbox), callback_group=goals)
         self.create_subscription(SegmentDone, "segment_done", self._guarded(self._on_segment_done), DEEP_RELIABLE,
                                  callback_group=MutuallyExclusiveCallbackGroup())
-        timers = MutuallyExclusiveCallbackGroup()
         self._status_pub = self.create_lifecycle_publisher(ServerStatus, "status", SERVER_STATUS_QOS)
-        self.create_timer(self._param("status_period"), self._guarded(self._publish_status), callback_group=timers)
-        self.create_timer(WATCHDOG_PERIOD_S, self._guarded(self._check_watchdog), callback_group=timers)
+        self.create_timer(self._param("status_period"), self._guarded(self._publish_status),
+                          callback_group=MutuallyExclusiveCallbackGroup())
+        self.create_timer(WATCHDOG_PERIOD_S, self._guarded(self._check_watchdog),
+                          callback_group=MutuallyExclusiveCallbackGroup())
         if self._param("autostart"):
             self._autostart()
 
@@ -643,6 +647,20 @@ def _float_or_nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
+    """``executor.spin()`` until ``stop`` is set, but never waiting for work longer than SPIN_WAKE_S.
+
+    Seen under load with rclpy Jazzy's MultiThreadedExecutor: a wait that began while a
+    timer's callback group was busy was not woken when the group became free, and the
+    node's timers stopped until some message happened to arrive.
+    """
+    while not stop.is_set() and executor.context.ok():
+        try:
+            executor.spin_once(timeout_sec=SPIN_WAKE_S)
+        except rclpy.executors.ExternalShutdownException:
+            return
+
+
 def main(args: list[str] | None = None) -> int:
     """Run the node until SIGINT or SIGTERM; ``args`` are ROS arguments (e.g. ``--ros-args --params-file F``).
 
@@ -662,12 +680,15 @@ def main(args: list[str] | None = None) -> int:
         return 1
     executor = rclpy.executors.MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, name="executor", daemon=True)
+    spun = threading.Event()
+    spinner = threading.Thread(target=spin, args=(executor, spun), name="executor", daemon=True)
     spinner.start()
     while not stop.wait(0.2) and not node.finalized.is_set():
         pass
     node.shutdown()
+    spun.set()
     executor.shutdown()
+    spinner.join()
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
