@@ -153,3 +153,16 @@ def test_the_readme_workload_example_loads(tmp_path: Path, capsys: pytest.Captur
     result = json.loads((tmp_path / "r.json").read_text())
     assert [r["status"] for r in result["requests"]] == ["succeeded", "succeeded"]
     assert result["requests"][1]["tuf"] == {"ert": 0.5, "alpha": -4.0, "beta": 2.0}
+
+
+def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from timely_llm.cli import _progress
+
+    with _progress("timelyllm", 5, period_s=0.05) as progress:
+        progress(3)
+        deadline = time.monotonic() + 10.0
+        while "3/5" not in capsys.readouterr().out:  # each line is read once: wait for one after the update
+            assert time.monotonic() < deadline, "no progress line"
+            time.sleep(0.05)

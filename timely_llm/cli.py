@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation.harness import BENCH_POLICIES
+    from timely_llm.server import DEFAULT_MAX_BATCH
 
     p.description = ("Replay a workload through the server loop under one policy and write one record per "
                      "request plus per-category means. On the simulator (the default) the run is on a virtual "
@@ -121,7 +122,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=0,
                    help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
     p.add_argument("--max-batch", type=_positive_int, default=None,
-                   help="most generations in one batch (default: vLLM's 256, or the vLLM engine's max_num_seqs)")
+                   help=f"most generations in one batch (default: vLLM's {DEFAULT_MAX_BATCH}, or less if the engine "
+                        "runs fewer at once: the vLLM engine's max_num_seqs)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
@@ -499,6 +501,7 @@ def _demo(args: argparse.Namespace) -> int:
         _quiet_vllm_logging()
     print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine; "
           f"each policy replays them in real time ({args.duration:.0f} s of arrivals)", flush=True)
+    results = []
     for policy in (args.policy, "vllm"):
         print(f"{policy}: starting the node ({args.engine} engine)", flush=True)
         with ros_session(args.domain_id) as (context, executor), \
@@ -507,7 +510,12 @@ def _demo(args: argparse.Namespace) -> int:
                 _robots(args, workload, catalog, skills) as runners, \
                 _progress(policy, len(workload.requests)) as progress:
             records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress)
-        _print_summary(fleet_result(workload, records, policy, args.seed))
+        results.append(fleet_result(workload, records, policy, args.seed))
+        print(f"{policy}: {results[-1]['summary']['all']['succeeded']} of {len(records)} requests succeeded",
+              flush=True)
+    print("\nresults (wall clock: they vary a little from run to run):")
+    for result in results:  # last, after every engine's start-up output
+        _print_summary(result)
     return 0
 
 
@@ -539,11 +547,11 @@ def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S) -> It
 
 
 def _quiet_vllm_logging() -> None:
-    """vLLM logs to stdout at INFO; send only its warnings, to stderr, so results stay readable.
+    """vLLM logs to stdout at INFO; send only its errors, to stderr, so results stay readable.
 
     Must run before vLLM is imported; variables already set in the environment win.
     """
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
