@@ -87,14 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if "--ros-args" in argv and command != "serve":  # before the command's own arguments are checked
-        parser.error(f"{command} takes no ROS arguments (--ros-args): only serve does")
     try:
-        args = parser.parse_args(_without_ros_args(argv))
+        cli_argv = _without_ros_args(argv)
     except ConfigError as exc:
         parser.error(str(exc))
-    if getattr(args, "ros_argv", None) is not None:
+    command = next((a for a in cli_argv if not a.startswith("-")), None)
+    if "--ros-args" in argv and command != "serve":  # before the command's own arguments are checked
+        parser.error(f"{command} takes no ROS arguments (--ros-args): only serve does")
+    args = parser.parse_args(cli_argv)
+    if command == "serve":
         args.ros_argv = argv
     try:
         return args.run(args)
@@ -388,7 +389,7 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
                      "as for any ROS 2 executable: e.g. --ros-args -p policy:=fcfs --params-file F "
                      "-r __node:=NAME; parameters set with -p win over --params.")
     p.add_argument("--params", help="ROS 2 parameters YAML file (e.g. config/timely_llm.yaml)")
-    p.set_defaults(run=_serve, ros_argv=[])
+    p.set_defaults(run=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
