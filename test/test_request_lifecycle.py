@@ -123,3 +123,12 @@ def test_a_queue_row_is_updated_in_place() -> None:
     assert list(server.queue) == order and len(server.queue) == 2
     assert server.queue._columns.column("prev_end")[order.index(a)] == 42.0
     assert b in list(server.queue)
+
+
+def test_the_docstring_diagram_names_every_status_and_its_place() -> None:
+    import timely_llm.core.request as module
+
+    diagram, places = module.__doc__.split("Where each status lives")
+    assert all(s.name in diagram for s in Status if not s.ended or s is Status.SUCCEEDED)
+    assert "CANCELED | ABORTED" in diagram
+    assert all(s.name in places for s in Status if not s.ended)

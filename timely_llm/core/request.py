@@ -4,16 +4,17 @@ Every request the server accepts goes through this state machine (cf. vLLM v1's
 ``RequestStatus``). ``Request.advance`` is the only place its status changes and it
 refuses any move not drawn here::
 
-                     admit              plan complete (engine finished)
-        submit ──► WAITING ──► RUNNING ───────────────────────────► GENERATED
-                                ▲ │ ▲  ▲                                 │ robot reported
-                  picked again  │ │ │  │ resume                          │ every segment
-               (keeps running)  │ │ │  │                                 ▼
-                                │ ▼ │  │                              SUCCEEDED
-          segment dispatched ► PARKED ──passed over──► SUSPENDED
-          (segmented policy)
+                    admit                   the engine finished the plan
+        submit ──► WAITING ───► RUNNING ──────────────────────────────► GENERATED
+                                 │  ▲  ▲                                       │
+              segment dispatched │  │  │ resumed (engine.start)                │ the robot reported
+              (segmented policy) │  │  └────────────────────┐                  │ every segment done
+                                 ▼  │ picked again          │                  ▼
+                                PARKED ──passed over──► SUSPENDED            SUCCEEDED
+                                       (engine.suspend)
 
-        WAITING, RUNNING, PARKED, SUSPENDED, GENERATED ──cancel / abort / engine error──► CANCELED | ABORTED
+        WAITING, RUNNING, PARKED, SUSPENDED or GENERATED
+            ──cancel / abort (robot failed or silent) / engine error or rejection──► CANCELED | ABORTED
 
 Where each status lives in the server (``Server`` keeps status and place together):
 
