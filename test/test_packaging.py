@@ -4,12 +4,13 @@
   parameters file, a clear refusal when no robot type is known.
 - A fresh colcon workspace (this checkout in ``src/``, plain ``colcon build``, ``source install/setup.bash``):
   the command line launch_ros builds against the installed executable, and the launch file itself, run the way
-  ``ros2 launch`` runs it (the Jazzy ``launch``/``launch_ros`` sources in ../shared/ros2-launch), each serve a goal.
+  ``ros2 launch`` runs it (the Jazzy ``launch``/``launch_ros`` sources in ../shared/ros2-launch), each serve a goal;
+  with ``autostart:=false`` the launched lifecycle node stays unconfigured.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import os
 import shutil
 import signal
@@ -24,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from lifecycle_msgs.srv import GetState
 from rclpy.node import Node
 from rclpy.parameter_client import AsyncParameterClient
 
 from timely_llm.core.skills import load_skill_models
-from timely_llm.ros.fleet import ros_session
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
 from timely_llm.workloads.traces import load_catalog
 
@@ -42,13 +43,10 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 1500.0
 TRACE_ID = 1  # a tello trace
-_DOMAINS = itertools.count()
+READY_LINE = "active: accepting goals"
+"""What the node logs once it serves goals."""
 ROS_ENV_VARS = ("AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "RMW_IMPLEMENTATION",
                 "COLCON_PREFIX_PATH", "_ROS_WHEELS_BOOTSTRAP_COMPLETE")
-
-
-def _domain() -> int:
-    return 1 + (os.getpid() + 50 + next(_DOMAINS)) % 99
 
 
 def _venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict[str, str]:
@@ -98,18 +96,6 @@ def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> I
                 running.proc.wait()
 
 
-@contextmanager
-def _client(domain: int) -> Iterator[tuple[Node, PlanLink]]:
-    with ros_session(domain) as (context, executor):
-        node = Node("test_packaging_client", context=context)
-        executor.add_node(node)
-        try:
-            yield node, PlanLink(node)
-        finally:
-            executor.remove_node(node)
-            node.destroy_node()
-
-
 def _parameters(node: Node, server: Running, names: list[str]) -> dict[str, object]:
     client = AsyncParameterClient(node, SERVER)
     server.wait_for(client.services_are_ready, "parameter services")
@@ -136,7 +122,7 @@ def _serve_one_goal(link: PlanLink, server: Running) -> None:
 # ----- timely-llm serve from an activated venv -----
 
 def test_serve_help_from_an_activated_venv() -> None:
-    out = subprocess.run([VENV_BIN / "timely-llm", "serve", "--help"], env=_venv_env(_domain()),
+    out = subprocess.run([VENV_BIN / "timely-llm", "serve", "--help"], env=_venv_env(0),
                          capture_output=True, text=True, timeout=START_TIMEOUT_S)
     assert out.returncode == 0 and "--ros-args" in out.stdout, out.stderr
 
@@ -150,26 +136,28 @@ OVERRIDE = ["--ros-args", "-p", "policy:=fcfs"]
     ["serve", *OVERRIDE, "--", "--params", "PARAMS"],
     [*OVERRIDE, "--", "serve", "--params", "PARAMS"],
 ], ids=["ros_args_last", "after_double_dash", "ros_args_first", "before_serve"])
-def test_serve_takes_ros_args_anywhere_and_overrides_beat_the_params_file(tmp_path: Path, argv: list[str]) -> None:
+def test_serve_takes_ros_args_anywhere_and_overrides_beat_the_params_file(tmp_path: Path, argv: list[str],
+                                                                           ros_domain: int, link: PlanLink) -> None:
     params = tmp_path / "params.yaml"
     params.write_text(f"{SERVER}:\n  ros__parameters:\n    policy: edf\n    max_new_tokens: 200\n")
     command = [str(VENV_BIN / "timely-llm"), *(str(params) if a == "PARAMS" else a for a in argv)]
-    domain = _domain()
-    with _process(command, _venv_env(domain)) as server, _client(domain) as (node, link):
-        assert _parameters(node, server, ["policy", "max_new_tokens"]) == {"policy": "fcfs", "max_new_tokens": 200}
+    with _process(command, _venv_env(ros_domain)) as server:
+        assert _parameters(link.node, server, ["policy", "max_new_tokens"]) == {"policy": "fcfs",
+                                                                               "max_new_tokens": 200}
         _serve_one_goal(link, server)
+        assert READY_LINE in server.output()
 
 
 def test_bad_ros_args_exit_2_with_a_reason() -> None:
     for argv, reason in ((["serve", "--ros-args", "--no-such-flag"], "unknown ROS arguments"),
                          (["serve", "--params", "/nonexistent/params.yaml"], "params file"),
                          (["table", "r.json", "--ros-args", "-p", "policy:=fcfs"], "only serve")):
-        out = subprocess.run([VENV_BIN / "timely-llm", *argv], env=_venv_env(_domain()), capture_output=True,
+        out = subprocess.run([VENV_BIN / "timely-llm", *argv], env=_venv_env(0), capture_output=True,
                              text=True, timeout=START_TIMEOUT_S)
         assert out.returncode == 2 and reason in out.stderr, (argv, out.stderr)
 
 
-def test_node_without_skill_models_refuses_to_start(tmp_path: Path) -> None:
+def test_node_without_skill_models_refuses_to_start(tmp_path: Path, ros_domain: int) -> None:
     """An install whose share/timely_llm has no skill_models/ (the package outside a checkout, found through
     the ament index): the node must not start knowing no robot type."""
     shutil.copytree(REPO / "timely_llm", tmp_path / "python" / "timely_llm",
@@ -178,7 +166,7 @@ def test_node_without_skill_models_refuses_to_start(tmp_path: Path) -> None:
     (prefix / "share" / "ament_index" / "resource_index" / "packages").mkdir(parents=True)
     (prefix / "share" / "ament_index" / "resource_index" / "packages" / "timely_llm").touch()
     (prefix / "share" / "timely_llm").mkdir()
-    env = _venv_env(_domain(), tmp_path / "python", AMENT_PREFIX_PATH=str(prefix))
+    env = _venv_env(ros_domain, tmp_path / "python", AMENT_PREFIX_PATH=str(prefix))
     out = subprocess.run([VENV_BIN / "timely-llm", "serve"], env=env, capture_output=True, text=True,
                          timeout=START_TIMEOUT_S)
     assert out.returncode != 0 and "no skill models" in out.stdout + out.stderr, out.stdout + out.stderr
@@ -248,14 +236,12 @@ def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
                                   f"{install}/share/timely_llm/skill_models"]
 
 
-def test_launch_ros_command_line_serves_a_goal(workspace: Workspace) -> None:
+def test_launch_ros_command_line_serves_a_goal(workspace: Workspace, ros_domain: int, link: PlanLink) -> None:
     install = workspace.root / "install" / "timely_llm"
     command = (f"{install}/lib/timely_llm/timely-llm serve --ros-args -r __node:={SERVER} "
                f"--params-file {install}/share/timely_llm/config/timely_llm.yaml -p policy:=timelyllm")
-    domain = _domain()
-    with _process(workspace.sourced(command), _venv_env(domain, None), workspace.root) as server, \
-            _client(domain) as (node, link):
-        assert _parameters(node, server, ["policy"]) == {"policy": "timelyllm"}
+    with _process(workspace.sourced(command), _venv_env(ros_domain, None), workspace.root) as server:
+        assert _parameters(link.node, server, ["policy"]) == {"policy": "timelyllm"}
         _serve_one_goal(link, server)
 
 
@@ -274,11 +260,24 @@ sys.exit(service.run())
 """
 
 
-def test_launch_file_starts_the_node_active(workspace: Workspace) -> None:
-    """What `ros2 launch timely_llm timely_llm.launch.py policy:=edf` does; SIGINT stops it cleanly."""
-    domain = _domain()
-    env = _venv_env(domain, _ros2_launch_sources())
-    with _process(workspace.sourced(f"python -c '{LAUNCH}' policy:=edf"), env, workspace.root) as server, \
-            _client(domain) as (node, link):
-        assert _parameters(node, server, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
+def _launch(workspace: Workspace, domain: int, *arguments: str) -> contextlib.AbstractContextManager[Running]:
+    """What `ros2 launch timely_llm timely_llm.launch.py ARGUMENTS` does; leaving, SIGINT stops it cleanly."""
+    command = f"python -c '{LAUNCH}' {' '.join(arguments)}"
+    return _process(workspace.sourced(command), _venv_env(domain, _ros2_launch_sources()), workspace.root)
+
+
+def test_launch_file_starts_the_node_active(workspace: Workspace, ros_domain: int, link: PlanLink) -> None:
+    with _launch(workspace, ros_domain, "policy:=edf") as server:
+        assert _parameters(link.node, server, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
         _serve_one_goal(link, server)
+
+
+def test_launch_file_without_autostart_leaves_the_node_unconfigured(workspace: Workspace, ros_domain: int,
+                                                                   link: PlanLink) -> None:
+    get_state = link.node.create_client(GetState, f"/{SERVER}/get_state")
+    with _launch(workspace, ros_domain, "autostart:=false") as server:
+        server.wait_for(get_state.service_is_ready, "lifecycle services")
+        state = get_state.call_async(GetState.Request())
+        server.wait_for(state.done, "get_state answer")
+        assert state.result().current_state.label == "unconfigured"
+        assert READY_LINE not in server.output()
