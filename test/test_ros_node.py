@@ -22,9 +22,9 @@ from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected
 from timely_llm.evaluation.harness import run_bench
 from timely_llm.ros.fleet import cut, fleet_result, run_fleet, server_node
+from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, ServerStatus
 from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.node import GoalRules, plan_from_goal
 from timely_llm.ros.robot_client import (
     PlanLink,
     RobotClient,

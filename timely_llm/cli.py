@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
     _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
     _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
+    _add_load_bench(sub.add_parser("load-bench", help="the node under 100s of robots: goals in flight, accept "
+                                                       "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
     return parser
@@ -517,6 +519,41 @@ def _demo(args: argparse.Namespace) -> int:
     print("\nresults (wall clock: they vary a little from run to run):")
     for result in results:  # last, after every engine's start-up output
         _print_summary(result)
+    return 0
+
+
+def _add_load_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agents", nargs="+", type=_positive_int, default=[100, 500, 1000],
+                   help="robots, each always with a goal in flight, against a fresh node per count "
+                        "(default 100 500 1000)")
+    p.add_argument("--duration", type=_positive_float, default=20.0, help="seconds measured per count (default 20)")
+    p.add_argument("--time-scale", type=_positive_float, default=0.05,
+                   help="robots execute segments in this fraction of their skill-model time (default 0.05)")
+    p.add_argument("--memory-goals", nargs="*", type=_positive_int, default=[1000, 10000],
+                   help="the node's RSS once this many goals ended (default 1000 10000; none to skip)")
+    p.add_argument("--memory-agents", type=_positive_int, default=200, help="robots for the RSS run (default 200)")
+    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
+                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    p.set_defaults(run=_load_bench)
+
+
+def _load_bench(args: argparse.Namespace) -> int:
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.ros.load_bench import LoadResult, rss_after_goals, run_load
+    from timely_llm.workloads.traces import load_catalog
+
+    skills, catalog = load_skill_models(), load_catalog()
+    print(f"node on the sim engine, its own process; {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at the start", flush=True)
+    print(LoadResult.HEADER, flush=True)
+    for agents in args.agents:
+        print(run_load(agents, args.duration, skills, catalog, args.domain_id, args.time_scale).row(), flush=True)
+    if args.memory_goals:
+        marks = sorted(args.memory_goals)
+        found = rss_after_goals(marks, args.memory_agents, skills, catalog, args.domain_id)
+        print(f"node RSS with {args.memory_agents} robots: " + ", ".join(
+            f"{rss:.0f} MiB after {goals:,} goals" for goals, rss in found) +
+            f" ({100 * (found[-1][1] / found[0][1] - 1):+.1f}% from first to last)")
     return 0
 
 

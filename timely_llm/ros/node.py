@@ -5,14 +5,16 @@ the server dispatches it, and the result once the robot has reported every segme
 executed (``segment_done`` topic). All scheduling happens in the Server, whose loop
 runs in a thread of its own on the wall clock.
 
-No executor thread or task waits on a goal. A goal accepted by the action server is
-handed to the Server and stays ACCEPTED while it is planned and executed; the Server's
-callbacks (its loop thread) only queue what they have to say in an outbox and trigger a
-guard condition, and the executor drains it: it publishes feedback, and for an ended
-request runs the goal's execute callback once, which sets the final state and returns
-the result. (rclpy's executor re-runs every pending coroutine task on every wake-up, so
-an ``async`` execute callback awaiting a future per goal costs O(goals) per message:
-at 300 goals in flight it could not keep up with 10 messages a second.)
+No executor thread or task waits on a goal, nor on the server. Executor callbacks check
+and time-stamp what arrives (goals, reports, cancels, watchdog aborts) and queue it in
+the server loop's inbox, which the loop applies between engine steps; the loop is the only
+caller of the Server. What the Server has to say (segments dispatched, requests ended) it
+queues in an outbox and a guard condition wakes the executor, which publishes the feedback
+and, for an ended request, runs the goal's execute callback once: it sets the final state
+and returns the result. A goal stays ACCEPTED until then. (rclpy's executor re-runs every
+pending coroutine task on every wake-up, so an ``async`` execute callback awaiting a
+future per goal costs O(goals) per message: at 300 goals in flight it could not keep up
+with 10 messages a second.)
 
 Lifecycle: configure loads the engine and starts the server loop, activate accepts
 goals, deactivate ends the goals in flight (aborted, "server deactivated"), cleanup
@@ -24,14 +26,15 @@ activates at construction, so no lifecycle manager is needed.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import rclpy
 import rclpy.executors
@@ -48,11 +51,13 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.errors import RequestRejected
+from timely_llm.ros.goals import MAX_ID_CHARS, GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_server_qos
+from timely_llm.ros.reports import ReportBook
 from timely_llm.server import POLICIES, PlanRequest, Server
-from timely_llm.workloads.traces import TraceCatalog, load_catalog
+from timely_llm.workloads.traces import load_catalog
 
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1
@@ -66,13 +71,6 @@ SHUTDOWN_TIMEOUT_S = 1.5
 """Shutdown waits at most this long for the results of the goals it aborts to be handed to rclpy ..."""
 RESULT_FLUSH_S = 0.3
 """... and then this long for rclpy to send them and for result requests still in flight to arrive."""
-
-MAX_ID_CHARS = 256
-MAX_ERT_S = 3600.0
-MAX_TUF_SLOPE = 1e6
-MAX_TUF_BETA = 1e6
-REPORT_SLACK_S = 1.0
-"""A reported duration may exceed the time since its segment was dispatched by this much (clock granularity)."""
 MAX_REASON_CHARS = 200
 
 PARAMETERS: dict[str, tuple[object, str]] = {
@@ -92,167 +90,17 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "segment_timeout_factor": (3.0, "a segment times out after factor x its estimated execution time ..."),
     "segment_timeout_margin": (5.0, "... plus this many seconds"),
     "status_period": (1.0, "seconds between ServerStatus messages"),
-    "result_timeout": (60.0, "seconds a goal's result stays available to result requests after it ends"),
+    "result_timeout": (10.0, "seconds an ended goal's result stays available to result requests (ROS: 900)"),
     **{f"tuf.{c}.{k}": (v, f"default TUF {k} for {c} goals that give none")
        for c, tuf in DEFAULT_TUFS.items() for k, v in tuf.to_dict().items()},
 }
 
+Command = Callable[[Server], None]
+"""Something the server loop applies to the Server between engine steps."""
+
 
 class NodeStartError(RuntimeError):
     """The node could not be configured and activated at startup (autostart)."""
-
-
-@dataclass(frozen=True)
-class GoalRules:
-    """What a goal is checked against before it is accepted."""
-
-    robots: Collection[str]
-    catalog: TraceCatalog
-    encode: Callable[[str], list[int]]
-    max_prompt_tokens: int
-    default_tufs: dict[str, TUF]
-    trace_required: bool
-    max_task_chars: int = 2000
-
-
-def plan_from_goal(goal: RequestPlan.Goal, request_id: str, rules: GoalRules) -> PlanRequest:
-    """The PlanRequest for a goal; RequestRejected says why a malformed goal cannot be served."""
-    if not goal.agent_id.strip():
-        raise RequestRejected("empty agent id")
-    if len(goal.agent_id) > MAX_ID_CHARS:
-        raise RequestRejected(f"agent id longer than {MAX_ID_CHARS} characters")
-    if not goal.task.strip():
-        raise RequestRejected("empty task")
-    if len(goal.task) > rules.max_task_chars:
-        raise RequestRejected(f"task of {len(goal.task)} characters exceeds max_task_chars {rules.max_task_chars}")
-    if goal.robot_type not in rules.robots:
-        raise RequestRejected(f"unknown robot type {goal.robot_type[:MAX_ID_CHARS]!r} "
-                              f"(known: {', '.join(sorted(rules.robots))})")
-    trace = _goal_trace(goal, rules)
-    category = trace.category if trace else ("arm" if goal.robot_type == "arm" else "normal")
-    tuf = _goal_tuf(goal, category, rules)
-    prompt_ids = rules.encode(rules.catalog.prompt_text(goal.robot_type, goal.task))
-    if len(prompt_ids) > rules.max_prompt_tokens:
-        raise RequestRejected(f"prompt of {len(prompt_ids)} tokens exceeds max_prompt_tokens {rules.max_prompt_tokens}")
-    return PlanRequest(request_id, goal.agent_id, goal.robot_type, prompt_ids, tuf, category, goal.max_new_tokens,
-                       forced_ids=rules.encode(trace.plan) if trace else None, trace=trace.id if trace else None)
-
-
-def _goal_trace(goal: RequestPlan.Goal, rules: GoalRules):  # noqa: ANN202 - Trace | None
-    if goal.trace_id < 0 or (goal.trace_id == 0 and rules.trace_required):
-        raise RequestRejected(f"trace_id {goal.trace_id} invalid: the sim engine replays LRTrace plans (trace_id > 0)")
-    if goal.trace_id == 0:
-        return None
-    if goal.trace_id not in rules.catalog.traces:
-        raise RequestRejected(f"unknown trace_id {goal.trace_id}")
-    trace = rules.catalog[goal.trace_id]
-    if trace.robot != goal.robot_type:
-        raise RequestRejected(f"trace {trace.id} is for robot {trace.robot!r}, not {goal.robot_type!r}")
-    return trace
-
-
-def _goal_tuf(goal: RequestPlan.Goal, category: str, rules: GoalRules) -> TUF:
-    if goal.tuf_ert == goal.tuf_alpha == goal.tuf_beta == 0.0:
-        return rules.default_tufs[category]
-    try:
-        tuf = TUF(goal.tuf_ert, goal.tuf_alpha, goal.tuf_beta)
-    except ValueError as exc:
-        raise RequestRejected(str(exc)) from exc
-    if tuf.ert > MAX_ERT_S:
-        raise RequestRejected(f"TUF ert {tuf.ert} s exceeds {MAX_ERT_S} s")
-    if -tuf.alpha > MAX_TUF_SLOPE:
-        raise RequestRejected(f"TUF alpha {tuf.alpha} is steeper than -{MAX_TUF_SLOPE}")
-    if tuf.beta > MAX_TUF_BETA:
-        raise RequestRejected(f"TUF beta {tuf.beta} exceeds {MAX_TUF_BETA}")
-    return tuf
-
-
-@dataclass
-class _Awaited:
-    """A dispatched segment whose SegmentDone has not come yet."""
-
-    est_exec_time: float
-    dispatched_at: float
-    deadline: float
-
-
-@dataclass
-class _Lane:
-    agent: str
-    dispatched: int = 0
-    awaited: dict[int, _Awaited] = field(default_factory=dict)
-    """By segment index, in dispatch order."""
-
-
-@dataclass
-class ReportBook:
-    """Per request in flight: its agent and every dispatched segment still awaiting its report, each with a deadline.
-
-    A robot executes its segments in order, so a segment's deadline allows for the awaited
-    segments before it: ``factor`` x their estimated times plus its own, plus ``margin``,
-    counted from its dispatch; a report moves the deadlines of the segments after it (never
-    before it) to count from the report. Each segment is cleared only by its own report, so
-    a robot that skips one is caught however it reports the others.
-    """
-
-    factor: float
-    margin: float
-    _lanes: dict[str, _Lane] = field(default_factory=dict)
-
-    def open(self, request_id: str, agent: str) -> None:
-        self._lanes[request_id] = _Lane(agent)
-
-    def close(self, request_id: str) -> None:
-        self._lanes.pop(request_id, None)
-
-    def live(self) -> list[str]:
-        return list(self._lanes)
-
-    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: float) -> None:
-        lane = self._lanes.get(request_id)
-        if lane is None:
-            return
-        lane.dispatched = index + 1
-        ahead = math.fsum(s.est_exec_time for s in lane.awaited.values()) + est_exec_time
-        lane.awaited[index] = _Awaited(est_exec_time, now, now + self.factor * ahead + self.margin)
-
-    def take(self, report: SegmentDone, now: float) -> str | None:
-        """Record a report, or say why it is refused (then nothing changes)."""
-        lane = self._lanes.get(report.request_id)
-        if lane is None:
-            return "no such goal in flight"
-        if report.agent_id != lane.agent:
-            return f"agent {report.agent_id[:MAX_ID_CHARS]!r} did not send this goal"
-        if report.index >= lane.dispatched:
-            return f"segment {report.index} was not dispatched ({lane.dispatched} so far)"
-        segment = lane.awaited.get(report.index)
-        if segment is None:
-            return f"segment {report.index} was already reported"
-        duration = report.duration
-        if not math.isfinite(duration) or duration < 0:
-            return f"duration {duration!r} is not a finite, non-negative number of seconds"
-        if duration > now - segment.dispatched_at + REPORT_SLACK_S:
-            return f"duration {duration:.6g} s exceeds the {now - segment.dispatched_at:.3f} s since its dispatch"
-        del lane.awaited[report.index]
-        ahead = 0.0
-        for index, later in lane.awaited.items():
-            if index > report.index:
-                ahead += later.est_exec_time
-                later.deadline = max(later.deadline, now + self.factor * ahead + self.margin)
-        return None
-
-    def expired(self, now: float) -> list[tuple[str, int]]:
-        """(request, first overdue segment) for every request whose robot missed a deadline."""
-        overdue = []
-        for request_id, lane in self._lanes.items():
-            late = [index for index, s in lane.awaited.items() if now > s.deadline]
-            if late:
-                overdue.append((request_id, min(late)))
-        return overdue
-
-    def executing(self) -> int:
-        """Requests with a dispatched segment their robot has not reported yet."""
-        return sum(1 for lane in self._lanes.values() if lane.awaited)
 
 
 @dataclass
@@ -286,9 +134,10 @@ class TimelyLlmNode(LifecycleNode):
         self._lock = threading.Lock()
         self._goals: dict[str, object] = {}  # request id -> rclpy ServerGoalHandle, until its result is handed over
         self._reports = ReportBook(0.0, 0.0)
-        self._faulted: dict[str, str] = {}  # requests a server callback could not handle -> reason, aborted next tick
+        self._checked: tuple[int, PlanRequest] | None = None  # the goal just checked, for its accepted callback
         self._totals: dict[str, CategoryTotals] = collections.defaultdict(CategoryTotals)
         self._finished = 0
+        self._inbox: collections.deque[Command] = collections.deque()
         self._outbox: collections.deque[tuple[str, object]] = collections.deque()
         self.finalized = threading.Event()
 
@@ -321,7 +170,7 @@ class TimelyLlmNode(LifecycleNode):
         def run(*args: object) -> object:
             try:
                 return callback(*args)
-            except Exception as exc:  # noqa: BLE001 - the request concerned is ended by the callback's caller
+            except Exception as exc:  # noqa: BLE001 - each callback ends what it concerns before this
                 self.get_logger().error(f"{callback.__name__} failed: {exc!r}")
                 return on_error
         return run
@@ -352,8 +201,6 @@ class TimelyLlmNode(LifecycleNode):
         self.catalog = load_catalog()
         files = [f for f in self.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
         skills = load_skill_models(files or None)
-        if not skills:
-            raise ValueError("no skill models: the node would know no robot type")
         engine = self._make_engine()
         server = Server(engine, skills, POLICIES[policy], self.clock, self._param("network_latency"),
                         self._param("max_batch") or None, self._param("max_new_tokens"),
@@ -369,15 +216,6 @@ class TimelyLlmNode(LifecycleNode):
         return GoalRules(set(server.robots), self.catalog, server.engine.tokenizer.encode,
                          self._param("max_prompt_tokens"), tufs, self._param("engine") == "sim",
                          self._param("max_task_chars"))
-
-    def _serve(self, server: Server, running: threading.Event) -> None:
-        while running.is_set():
-            try:
-                if not server.step():
-                    self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
-            except Exception as exc:  # noqa: BLE001 - a bug in one step must not stop serving everyone
-                self.get_logger().error(f"server step failed: {exc!r}")
-                self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
 
     # ----- lifecycle -----
 
@@ -408,7 +246,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._serving = False
-        self._abort_all("server deactivated")
+        self._send(functools.partial(self._abort_all, "server deactivated"))
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -417,7 +255,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._serving = False
-        self._abort_all("server shutting down")
+        self._send(functools.partial(self._abort_all, "server shutting down"))
         self._await_results(time.monotonic() + SHUTDOWN_TIMEOUT_S)
         self._release()
         self.finalized.set()
@@ -425,7 +263,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._serving = False
-        self._abort_all("server error")
+        self._send(functools.partial(self._abort_all, "server error"))
         self._release()
         return TransitionCallbackReturn.SUCCESS
 
@@ -438,14 +276,6 @@ class TimelyLlmNode(LifecycleNode):
         self._action.destroy()
         super().destroy_node()
 
-    def _abort_all(self, reason: str) -> None:
-        if self.server is None:
-            return
-        with self._lock:
-            live = self._reports.live()
-        for request_id in live:
-            self.server.abort(request_id, reason)
-
     def _await_results(self, deadline: float) -> None:
         """Wait until every goal's result is with rclpy, then a moment for rclpy to send the results."""
         while time.monotonic() < deadline:
@@ -456,7 +286,7 @@ class TimelyLlmNode(LifecycleNode):
         time.sleep(RESULT_FLUSH_S)
 
     def _release(self) -> None:
-        """Stop the server loop and free the engine."""
+        """Stop the server loop (it applies what is left in its inbox first) and free the engine."""
         server, self.server = self.server, None
         if server is None:
             return
@@ -466,6 +296,51 @@ class TimelyLlmNode(LifecycleNode):
         server.engine.close()
         self.get_logger().info("engine released")
 
+    # ----- the server loop (its own thread): the only caller of the Server -----
+
+    def _serve(self, server: Server, running: threading.Event) -> None:
+        while running.is_set():
+            try:
+                self._apply_inbox(server)
+                if not server.step():
+                    self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
+            except Exception as exc:  # noqa: BLE001 - a bug in one step must not stop serving everyone
+                self.get_logger().error(f"server step failed: {exc!r}")
+                self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
+        self._apply_inbox(server)  # no longer serving: goals still waiting to be submitted end aborted
+
+    def _send(self, command: Command) -> None:
+        self._inbox.append(command)
+        self.clock.wake()
+
+    def _apply_inbox(self, server: Server) -> None:
+        while self._inbox:
+            command = self._inbox.popleft()
+            try:
+                command(server)
+            except Exception as exc:  # noqa: BLE001 - one command's failure must not hold up the rest
+                self.get_logger().error(f"server command failed: {exc!r}")
+
+    def _submit(self, plan: PlanRequest, server: Server) -> None:
+        try:
+            self._check_serving()
+            server.submit(plan)
+        except Exception as exc:  # noqa: BLE001 - RequestRejected or not, this goal ends with the reason
+            self._end_unserved(plan.id, str(exc) if isinstance(exc, RequestRejected) else f"internal error: {exc!r}")
+
+    def _abort_all(self, reason: str, server: Server) -> None:
+        with self._lock:
+            live = self._reports.live()
+        for request_id in live:
+            if not server.abort(request_id, reason):
+                self._end_unserved(request_id, reason)
+
+    def _end_unserved(self, request_id: str, reason: str) -> None:
+        """End a goal whose request the Server does not have."""
+        with self._lock:
+            self._reports.close(request_id)
+        self._post(request_id, aborted_result(reason))
+
     # ----- server callbacks (server loop thread, holding the server lock): queue and wake the executor -----
 
     def _on_segment(self, request: Request, segment: Segment) -> None:
@@ -473,9 +348,9 @@ class TimelyLlmNode(LifecycleNode):
             message = segment_message(request, segment)
             with self._lock:
                 self._reports.dispatched(request.id, segment.index, segment.est_exec_time, self.clock.now())
-        except Exception as exc:  # noqa: BLE001 - this request only; the loop must go on
-            with self._lock:
-                self._faulted[request.id] = f"internal error sending segment {segment.index}: {exc!r}"
+        except Exception as exc:  # noqa: BLE001 - this request only, and not in the middle of the step
+            reason = f"internal error sending segment {segment.index}: {exc!r}"
+            self._send(lambda server: server.abort(request.id, reason))
             return
         self._post(request.id, message)
 
@@ -487,7 +362,6 @@ class TimelyLlmNode(LifecycleNode):
             result, utility = aborted_result(f"internal error: {exc!r}"), None
         with self._lock:
             self._reports.close(request.id)
-            self._faulted.pop(request.id, None)
             self._totals[request.category].add(utility)
             self._finished += 1
         self._post(request.id, result)
@@ -499,39 +373,41 @@ class TimelyLlmNode(LifecycleNode):
     # ----- action server (one callback group: goals, cancels, results and the outbox never overlap) -----
 
     def _on_goal(self, goal: RequestPlan.Goal) -> GoalResponse:
-        # rclpy passes no goal id here, so the accepted callback builds the request again under its id.
         try:
             self._check_serving()
-            plan_from_goal(goal, "check", self._rules)
+            plan = plan_from_goal(goal, "", self._rules)
         except RequestRejected as exc:
             self.get_logger().warning(f"rejected goal from {goal.agent_id[:MAX_ID_CHARS]!r}: {exc}")
             return GoalResponse.REJECT
+        self._checked = (id(goal), plan)  # rclpy passes no goal id here; its accepted callback comes next
         return GoalResponse.ACCEPT
 
     def _check_serving(self) -> None:
-        if not self._serving or self.server is None:
+        if not self._serving:
             raise RequestRejected("server is not active")
 
     def _on_accepted(self, goal_handle) -> None:  # noqa: ANN001 - rclpy ServerGoalHandle
         request_id = goal_handle.goal_id.uuid.tobytes().hex()
+        checked, self._checked = self._checked, None
         with self._lock:
             self._goals[request_id] = goal_handle
             self._reports.open(request_id, goal_handle.request.agent_id)
         try:
-            self._check_serving()
-            self.server.submit(plan_from_goal(goal_handle.request, request_id, self._rules))
-        except Exception as exc:  # noqa: BLE001 - RequestRejected or not, this goal ends with the reason
-            reason = str(exc) if isinstance(exc, RequestRejected) else f"internal error: {exc!r}"
-            with self._lock:
-                self._goals.pop(request_id, None)
-                self._reports.close(request_id)
-            goal_handle.execute(functools.partial(self._conclude_with, aborted_result(reason)))
+            plan = checked[1] if checked and checked[0] == id(goal_handle.request) else plan_from_goal(
+                goal_handle.request, "", self._rules)
+        except RequestRejected as exc:
+            self._end_unserved(request_id, str(exc))
+            return
+        self._send(functools.partial(self._submit, dataclasses.replace(plan, id=request_id, arrival=self.clock.now())))
 
     def _on_cancel(self, goal_handle) -> CancelResponse:  # noqa: ANN001 - rclpy ServerGoalHandle
-        server = self.server
-        if server is not None and server.cancel(goal_handle.goal_id.uuid.tobytes().hex()):
-            return CancelResponse.ACCEPT  # its result is in the outbox, drained after this cancel completes
-        return CancelResponse.REJECT
+        request_id = goal_handle.goal_id.uuid.tobytes().hex()
+        with self._lock:
+            if request_id not in self._reports:
+                return CancelResponse.REJECT
+        # The result reaches the outbox, which this callback group drains once the goal is CANCELING.
+        self._send(lambda server: server.cancel(request_id))
+        return CancelResponse.ACCEPT
 
     def _drain_outbox(self) -> None:
         while self._outbox:
@@ -572,39 +448,36 @@ class TimelyLlmNode(LifecycleNode):
     # ----- robots, watchdog and status -----
 
     def _on_segment_done(self, report: SegmentDone) -> None:
-        server = self.server
         now = self.clock.now()
         with self._lock:
-            refused = "the server is not configured" if server is None else self._reports.take(report, now)
+            refused = self._reports.take(report, now)
         if refused:
             self.get_logger().warning(f"ignored SegmentDone from {report.agent_id[:MAX_ID_CHARS]!r} for goal "
                                       f"{report.request_id[:MAX_ID_CHARS]!r} segment {report.index}: {refused}")
             return
-        exec_end = now - server.network_latency
+        self._send(functools.partial(self._apply_report, report, now))
+
+    def _apply_report(self, report: SegmentDone, received: float, server: Server) -> None:
+        exec_end = received - server.network_latency
         try:
-            server.segment_done(report.request_id, report.index, exec_end - report.duration, exec_end, report.success,
-                                report.reason[:MAX_REASON_CHARS])
+            server.segment_done(report.request_id, report.index, exec_end - report.duration, exec_end,
+                                report.success, report.reason[:MAX_REASON_CHARS])
         except Exception as exc:  # noqa: BLE001 - ends this goal only
             server.abort(report.request_id, f"internal error handling the report of segment {report.index}: {exc!r}")
 
     def _check_watchdog(self) -> None:
-        server = self.server
-        if server is None:
-            return
         with self._lock:
-            overdue = [(rid, f"robot did not report segment {i} done in time")
-                       for rid, i in self._reports.expired(self.clock.now())]
-            overdue += self._faulted.items()
-            self._faulted = {}
-        for request_id, reason in overdue:
+            overdue = self._reports.expired(self.clock.now())
+        for request_id, index in overdue:
+            reason = f"robot did not report segment {index} done in time"
             self.get_logger().warning(f"aborting request {request_id}: {reason}")
-            server.abort(request_id, reason)
+            self._send(functools.partial(_abort, request_id, reason))
 
     def _publish_status(self) -> None:
         server = self.server
         if server is None or not self._serving:
             return
-        with server.lock:
+        with server.lock:  # read only, and brief: the loop holds it for a scheduling decision at most
             queued, running = len(server.queue), len(server.running)
             suspended = sum(r.status in (Status.PARKED, Status.SUSPENDED) for r in server.requests.values())
         with self._lock:
@@ -618,6 +491,10 @@ class TimelyLlmNode(LifecycleNode):
             msg.count.append(count)
             msg.mean_utility.append(mean)
         self._status_pub.publish(msg)
+
+
+def _abort(request_id: str, reason: str, server: Server) -> None:
+    server.abort(request_id, reason)
 
 
 def segment_message(request: Request, segment: Segment) -> SegmentMsg:

@@ -1,0 +1,82 @@
+"""What a ``RequestPlan`` goal must satisfy before the node accepts it, and the request it becomes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from timely_llm.core.tuf import TUF
+from timely_llm.errors import RequestRejected
+from timely_llm.ros.interfaces import RequestPlan
+from timely_llm.server import PlanRequest
+from timely_llm.workloads.traces import Trace, TraceCatalog
+
+MAX_ID_CHARS = 256
+MAX_ERT_S = 3600.0
+MAX_TUF_SLOPE = 1e6
+MAX_TUF_BETA = 1e6
+
+
+@dataclass(frozen=True)
+class GoalRules:
+    """What a goal is checked against before it is accepted."""
+
+    robots: Collection[str]
+    catalog: TraceCatalog
+    encode: Callable[[str], list[int]]
+    max_prompt_tokens: int
+    default_tufs: dict[str, TUF]
+    trace_required: bool
+    max_task_chars: int = 2000
+
+
+def plan_from_goal(goal: RequestPlan.Goal, request_id: str, rules: GoalRules) -> PlanRequest:
+    """The PlanRequest for a goal; RequestRejected says why a malformed goal cannot be served."""
+    if not goal.agent_id.strip():
+        raise RequestRejected("empty agent id")
+    if len(goal.agent_id) > MAX_ID_CHARS:
+        raise RequestRejected(f"agent id longer than {MAX_ID_CHARS} characters")
+    if not goal.task.strip():
+        raise RequestRejected("empty task")
+    if len(goal.task) > rules.max_task_chars:
+        raise RequestRejected(f"task of {len(goal.task)} characters exceeds max_task_chars {rules.max_task_chars}")
+    if goal.robot_type not in rules.robots:
+        raise RequestRejected(f"unknown robot type {goal.robot_type[:MAX_ID_CHARS]!r} "
+                              f"(known: {', '.join(sorted(rules.robots))})")
+    trace = _goal_trace(goal, rules)
+    category = trace.category if trace else ("arm" if goal.robot_type == "arm" else "normal")
+    tuf = _goal_tuf(goal, category, rules)
+    prompt_ids = rules.encode(rules.catalog.prompt_text(goal.robot_type, goal.task))
+    if len(prompt_ids) > rules.max_prompt_tokens:
+        raise RequestRejected(f"prompt of {len(prompt_ids)} tokens exceeds max_prompt_tokens {rules.max_prompt_tokens}")
+    return PlanRequest(request_id, goal.agent_id, goal.robot_type, prompt_ids, tuf, category, goal.max_new_tokens,
+                       forced_ids=rules.encode(trace.plan) if trace else None, trace=trace.id if trace else None)
+
+
+def _goal_trace(goal: RequestPlan.Goal, rules: GoalRules) -> Trace | None:
+    if goal.trace_id < 0 or (goal.trace_id == 0 and rules.trace_required):
+        raise RequestRejected(f"trace_id {goal.trace_id} invalid: the sim engine replays LRTrace plans (trace_id > 0)")
+    if goal.trace_id == 0:
+        return None
+    if goal.trace_id not in rules.catalog.traces:
+        raise RequestRejected(f"unknown trace_id {goal.trace_id}")
+    trace = rules.catalog[goal.trace_id]
+    if trace.robot != goal.robot_type:
+        raise RequestRejected(f"trace {trace.id} is for robot {trace.robot!r}, not {goal.robot_type!r}")
+    return trace
+
+
+def _goal_tuf(goal: RequestPlan.Goal, category: str, rules: GoalRules) -> TUF:
+    if goal.tuf_ert == goal.tuf_alpha == goal.tuf_beta == 0.0:
+        return rules.default_tufs[category]
+    try:
+        tuf = TUF(goal.tuf_ert, goal.tuf_alpha, goal.tuf_beta)
+    except ValueError as exc:
+        raise RequestRejected(str(exc)) from exc
+    if tuf.ert > MAX_ERT_S:
+        raise RequestRejected(f"TUF ert {tuf.ert} s exceeds {MAX_ERT_S} s")
+    if -tuf.alpha > MAX_TUF_SLOPE:
+        raise RequestRejected(f"TUF alpha {tuf.alpha} is steeper than -{MAX_TUF_SLOPE}")
+    if tuf.beta > MAX_TUF_BETA:
+        raise RequestRejected(f"TUF beta {tuf.beta} exceeds {MAX_TUF_BETA}")
+    return tuf

@@ -1,0 +1,300 @@
+"""``timely-llm load-bench``: the node under hundreds of robots at once.
+
+The node runs as a process of its own (``python -m timely_llm.ros.node``, sim engine),
+so its CPU time and resident memory are read from ``/proc`` alone. A swarm of simulated
+robots shares one client node: every robot sends a goal, executes each segment as it
+arrives (its skill-model time, scaled, on a timer rather than a thread per robot),
+reports it done, and sends its next goal once the result is in, so every robot always
+has a goal in flight. Measured: goals in flight, goal-accept latency (from sending the
+goal to its acceptance reaching the robot), goals ended per second, the node's CPU and
+RSS; and the node's RSS after 1,000 and after 10,000 goals.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from rclpy.node import Node
+
+from timely_llm.core.skills import SkillModel
+from timely_llm.ros.fleet import ros_session
+from timely_llm.ros.interfaces import RequestPlan, SegmentDone
+from timely_llm.ros.robot_client import PlanLink
+from timely_llm.workloads.traces import TraceCatalog
+
+SERVER_WAIT_S = 60.0
+DRAIN_S = 120.0
+SAMPLE_S = 0.5
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class NodeProcess:
+    """The node's process and what ``/proc`` says about it."""
+
+    process: subprocess.Popen
+
+    def cpu_seconds(self) -> float:
+        fields = open(f"/proc/{self.process.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+    def rss_mib(self) -> float:
+        for line in open(f"/proc/{self.process.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGINT, as Ctrl-C would; the exit code."""
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(timeout_s)
+
+
+@contextmanager
+def node_process(domain_id: int, **params: object) -> Iterator[NodeProcess]:
+    overrides = [arg for k, v in params.items() for arg in ("-p", f"{k}:={v}")]
+    env = os.environ | {"ROS_DOMAIN_ID": str(domain_id)}
+    process = subprocess.Popen([sys.executable, "-m", "timely_llm.ros.node", "--ros-args", *overrides], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield NodeProcess(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+class Timers:
+    """Runs callbacks at monotonic times, on one thread (a robot executing a segment is just a timer)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="swarm-timers", daemon=True)
+        self._thread.start()
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        with self._ready:
+            heapq.heappush(self._heap, (when, next(self._order), action))
+            self._ready.notify()
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopped = True
+            self._ready.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    self._ready.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                if self._stopped:
+                    return
+                action = heapq.heappop(self._heap)[2]
+            action()
+
+
+@dataclass
+class GoalTimes:
+    sent: float
+    accepted: float | None = None
+    ended: float | None = None
+    status: str = ""
+
+
+@dataclass
+class Swarm:
+    """``agents`` robots on one client node, each with one goal in flight until ``stop_sending``."""
+
+    link: PlanLink
+    skills: dict[str, SkillModel]
+    catalog: TraceCatalog
+    agents: int
+    time_scale: float = 0.05
+    seed: int = 0
+    goals: list[GoalTimes] = field(default_factory=list)
+    _lane_free: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sending: bool = True
+    _timers: Timers = field(default_factory=Timers)
+
+    def start(self) -> None:
+        for agent in range(self.agents):
+            self._send(agent)
+
+    def stop_sending(self) -> None:
+        self._sending = False
+
+    def close(self) -> None:
+        self._timers.stop()
+
+    def counts(self) -> tuple[int, int]:
+        """(goals sent, goals ended)."""
+        with self._lock:
+            return len(self.goals), sum(g.ended is not None for g in self.goals)
+
+    def _traces(self, agent: int) -> list[int]:
+        """The traces of the agent's robot type (agents take the catalog's robot types in turn)."""
+        robots = sorted({t.robot for t in self.catalog.traces.values()})
+        robot = robots[agent % len(robots)]
+        return sorted(t.id for t in self.catalog.traces.values() if t.robot == robot)
+
+    def _send(self, agent: int) -> None:
+        traces = self._traces(agent)
+        trace = self.catalog[traces[len(self.goals) % len(traces)]]
+        goal = RequestPlan.Goal(agent_id=f"robot-{agent}", robot_type=trace.robot, task=trace.prompt,
+                                trace_id=trace.id)
+        times = GoalTimes(time.monotonic())
+        with self._lock:
+            self.goals.append(times)
+        sent = self.link.action.send_goal_async(goal, feedback_callback=functools.partial(self._on_feedback, agent))
+        sent.add_done_callback(functools.partial(self._on_response, agent, times))
+
+    def _on_response(self, agent: int, times: GoalTimes, future) -> None:  # noqa: ANN001 - rclpy Future
+        handle = future.result()
+        times.accepted = time.monotonic()
+        if not handle.accepted:
+            self._ended(agent, times, "rejected")
+            return
+        handle.get_result_async().add_done_callback(
+            lambda f: self._ended(agent, times, f.result().result.status, handle.goal_id.uuid.tobytes().hex()))
+
+    def _on_feedback(self, agent: int, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
+        segment = feedback.feedback.segment
+        model = self.skills[self.catalog[self._traces(agent)[0]].robot]
+        rng = random.Random(zlib.crc32(f"{self.seed}/{segment.request_id}/{segment.index}".encode()))
+        seconds = model.sample_exec_time(segment.text, rng) * self.time_scale
+        with self._lock:
+            start = max(time.monotonic(), self._lane_free.get(segment.request_id, 0.0))
+            self._lane_free[segment.request_id] = start + seconds
+        report = SegmentDone(agent_id=f"robot-{agent}", request_id=segment.request_id, index=segment.index,
+                             duration=seconds, success=True)
+        self._timers.at(start + seconds, functools.partial(self.link.done_pub.publish, report))
+
+    def _ended(self, agent: int, times: GoalTimes, status: str, request_id: str = "") -> None:
+        times.ended, times.status = time.monotonic(), status
+        with self._lock:
+            self._lane_free.pop(request_id, None)
+        if self._sending:
+            self._send(agent)
+
+
+@dataclass
+class LoadResult:
+    agents: int
+    goals: int
+    in_flight_mean: float
+    in_flight_max: int
+    burst_accept_ms: tuple[float, float]
+    """p50, p99 of the first goals, all sent at once."""
+    steady_accept_ms: tuple[float, float]
+    """p50, p99 of the goals sent after them, each as soon as its robot's previous goal ended."""
+    goals_per_s: float
+    node_cpu_percent: float
+    node_rss_mib: float
+    statuses: Counter
+    exit_code: int
+
+    HEADER = ("agents  goals  in flight     accept ms: burst p50/p99  steady p50/p99  goals/s  node cpu %  rss MiB"
+              "  ended")
+
+    def row(self) -> str:
+        ended = ", ".join(f"{v} {k}" for k, v in sorted(self.statuses.items()))
+        return (f"{self.agents:6d} {self.goals:6d} {self.in_flight_mean:6.0f} (max {self.in_flight_max:4d})"
+                f" {self.burst_accept_ms[0]:12.0f} /{self.burst_accept_ms[1]:6.0f}"
+                f" {self.steady_accept_ms[0]:11.0f} /{self.steady_accept_ms[1]:6.0f}"
+                f" {self.goals_per_s:8.1f} {self.node_cpu_percent:11.0f} {self.node_rss_mib:8.0f}  {ended}; "
+                f"exit {self.exit_code}")
+
+
+def run_load(agents: int, duration_s: float, skills: dict[str, SkillModel], catalog: TraceCatalog,
+             domain_id: int, time_scale: float = 0.05) -> LoadResult:
+    """``agents`` robots, each keeping a goal in flight, for ``duration_s`` seconds against a fresh node."""
+    with node_process(domain_id, segment_timeout_margin=60.0) as node, _swarm(domain_id, agents, skills, catalog,
+                                                                               time_scale) as swarm:
+        cpu0, t0 = node.cpu_seconds(), time.monotonic()
+        swarm.start()
+        in_flight, rss = [], []
+        while time.monotonic() < t0 + duration_s:
+            time.sleep(SAMPLE_S)
+            sent, ended = swarm.counts()
+            in_flight.append(sent - ended)
+            rss.append(node.rss_mib())
+        cpu, wall = node.cpu_seconds() - cpu0, time.monotonic() - t0
+        ended_in_window = swarm.counts()[1]
+        swarm.stop_sending()
+        _drain(swarm)
+        exit_code = node.stop()
+    return LoadResult(agents, len(swarm.goals), sum(in_flight) / len(in_flight), max(in_flight),
+                      _accept_ms(swarm.goals[:agents]), _accept_ms(swarm.goals[agents:]), ended_in_window / wall,
+                      100 * cpu / wall, max(rss), Counter(g.status or "no answer" for g in swarm.goals), exit_code)
+
+
+def rss_after_goals(marks: list[int], agents: int, skills: dict[str, SkillModel], catalog: TraceCatalog,
+                    domain_id: int, time_scale: float = 0.01) -> list[tuple[int, float]]:
+    """The node's RSS (MiB) once ``marks[i]`` goals have ended, ``agents`` robots keeping it busy."""
+    found = []
+    with node_process(domain_id, segment_timeout_margin=60.0) as node, _swarm(domain_id, agents, skills, catalog,
+                                                                               time_scale) as swarm:
+        swarm.start()
+        for mark in marks:
+            while swarm.counts()[1] < mark:
+                time.sleep(SAMPLE_S)
+            found.append((mark, node.rss_mib()))
+        swarm.stop_sending()
+        _drain(swarm)
+        node.stop()
+    return found
+
+
+@contextmanager
+def _swarm(domain_id: int, agents: int, skills: dict[str, SkillModel], catalog: TraceCatalog,
+           time_scale: float) -> Iterator[Swarm]:
+    with ros_session(domain_id) as (context, executor):
+        client = Node("timely_llm_load_bench", context=context)
+        executor.add_node(client)
+        link = PlanLink(client)
+        if not link.wait_for_server(SERVER_WAIT_S):
+            raise RuntimeError("the node did not come up")
+        swarm = Swarm(link, skills, catalog, agents, time_scale)
+        try:
+            yield swarm
+        finally:
+            swarm.stop_sending()
+            swarm.close()
+            executor.remove_node(client)
+            client.destroy_node()
+
+
+def _drain(swarm: Swarm) -> None:
+    deadline = time.monotonic() + DRAIN_S
+    while time.monotonic() < deadline and swarm.counts()[1] < swarm.counts()[0]:
+        time.sleep(SAMPLE_S)
+
+
+def _accept_ms(goals: list[GoalTimes]) -> tuple[float, float]:
+    """p50 and p99 of the goals' accept latencies in ms."""
+    latencies = sorted(1e3 * (g.accepted - g.sent) for g in goals if g.accepted is not None)
+    return _quantile(latencies, 0.5), _quantile(latencies, 0.99)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)] if values else math.nan

@@ -1,0 +1,106 @@
+"""SegmentDone reports the node expects: who may send them, for which segments, by when."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from timely_llm.ros.goals import MAX_ID_CHARS
+from timely_llm.ros.interfaces import SegmentDone
+
+REPORT_SLACK_S = 1.0
+"""A reported duration may exceed the time since its segment was dispatched by this much (clock granularity)."""
+
+
+@dataclass
+class _Awaited:
+    """A dispatched segment whose SegmentDone has not come yet."""
+
+    est_exec_time: float
+    dispatched_at: float
+    deadline: float
+
+
+@dataclass
+class _Lane:
+    agent: str
+    dispatched: int = 0
+    awaited: dict[int, _Awaited] = field(default_factory=dict)
+    """By segment index, in dispatch order."""
+    overdue: bool = False
+    """A deadline was missed and the request is being aborted."""
+
+
+@dataclass
+class ReportBook:
+    """Per request in flight: its agent and every dispatched segment still awaiting its report, each with a deadline.
+
+    A robot executes its segments in order, so a segment's deadline allows for the awaited
+    segments before it: ``factor`` x their estimated times plus its own, plus ``margin``,
+    counted from its dispatch; a report moves the deadlines of the segments after it (never
+    before it) to count from the report. Each segment is cleared only by its own report, so
+    a robot that skips one is caught however it reports the others.
+    """
+
+    factor: float
+    margin: float
+    _lanes: dict[str, _Lane] = field(default_factory=dict)
+
+    def open(self, request_id: str, agent: str) -> None:
+        self._lanes[request_id] = _Lane(agent)
+
+    def close(self, request_id: str) -> None:
+        self._lanes.pop(request_id, None)
+
+    def live(self) -> list[str]:
+        return list(self._lanes)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._lanes
+
+    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: float) -> None:
+        lane = self._lanes.get(request_id)
+        if lane is None:
+            return
+        lane.dispatched = index + 1
+        ahead = math.fsum(s.est_exec_time for s in lane.awaited.values()) + est_exec_time
+        lane.awaited[index] = _Awaited(est_exec_time, now, now + self.factor * ahead + self.margin)
+
+    def take(self, report: SegmentDone, now: float) -> str | None:
+        """Record a report, or say why it is refused (then nothing changes)."""
+        lane = self._lanes.get(report.request_id)
+        if lane is None:
+            return "no such goal in flight"
+        if report.agent_id != lane.agent:
+            return f"agent {report.agent_id[:MAX_ID_CHARS]!r} did not send this goal"
+        if report.index >= lane.dispatched:
+            return f"segment {report.index} was not dispatched ({lane.dispatched} so far)"
+        segment = lane.awaited.get(report.index)
+        if segment is None:
+            return f"segment {report.index} was already reported"
+        duration = report.duration
+        if not math.isfinite(duration) or duration < 0:
+            return f"duration {duration!r} is not a finite, non-negative number of seconds"
+        if duration > now - segment.dispatched_at + REPORT_SLACK_S:
+            return f"duration {duration:.6g} s exceeds the {now - segment.dispatched_at:.3f} s since its dispatch"
+        del lane.awaited[report.index]
+        ahead = 0.0
+        for index, later in lane.awaited.items():
+            if index > report.index:
+                ahead += later.est_exec_time
+                later.deadline = max(later.deadline, now + self.factor * ahead + self.margin)
+        return None
+
+    def expired(self, now: float) -> list[tuple[str, int]]:
+        """(request, first overdue segment) for each request whose robot just missed a deadline (once each)."""
+        overdue = []
+        for request_id, lane in self._lanes.items():
+            late = [index for index, s in lane.awaited.items() if now > s.deadline]
+            if late and not lane.overdue:
+                lane.overdue = True
+                overdue.append((request_id, min(late)))
+        return overdue
+
+    def executing(self) -> int:
+        """Requests with a dispatched segment their robot has not reported yet."""
+        return sum(1 for lane in self._lanes.values() if lane.awaited)
