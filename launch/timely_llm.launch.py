@@ -22,7 +22,7 @@ from launch import LaunchDescription
 OVERRIDES = {
     "engine": "sim (replays LRTrace plans) or vllm (embedded vLLM on the CPU)",
     "policy": "timelyllm, vllm, vllm-stream, fcfs, edf, ...",
-    "model": "vllm: Hugging Face model directory (empty: the shipped tiny model)",
+    "model": "vllm: smollm2 (default), tiny, or a Hugging Face model directory",
     "hw_profile": "sim: hardware profile name or YAML file",
 }
 

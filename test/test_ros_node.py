@@ -281,7 +281,7 @@ def _free_udp_port() -> int:
 
 @pytest.mark.vllm
 def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, robots: Callable) -> None:
-    with server_node(session[1], session[0], engine="vllm", kv_cache_gib=0.25):
+    with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25):
         sent = {trace: ask(robots(f"{robot}-{trace}", robot), trace) for trace, robot in
                 ((6, "tello"), (2, "tello"), (9, "arm"))}
         outcomes = {trace: outcome.wait(RESULT_TIMEOUT_S) for trace, outcome in sent.items()}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from timely_llm.errors import ConfigError
+from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
 if TYPE_CHECKING:
     from timely_llm.core.skills import SkillModel
@@ -26,6 +27,11 @@ DEFAULT_MAX_DRONES = 25
 DRONE_SEGMENT_TIMEOUT_MARGIN = 10.0
 """A drone runs a conditional block when its closing ``}`` arrives, so that segment (estimated at ~0 s) takes
 the whole block: scan + goto is up to 6.6 s on the simulators, past the node's default 5 s margin."""
+GENERATED_SEGMENT_TIMEOUT_MARGIN = 120.0
+"""A generated loop (up to 5 rounds of up to 4 statements) runs as one segment, estimated by one round."""
+DEMO_GENERATED_SECONDS = 20.0
+"""The demo on the real model replays the first 20 s of the workload: the CPU generates ~17 tokens/s."""
+DEMO_PLAN_TOKENS = 48
 
 
 DESCRIPTION = ("Serve many robots' plan requests from one LLM with segmented generation (TimelyLLM), and "
@@ -83,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
+    _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
     return parser
 
 
@@ -118,7 +125,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hw", default=None,
                    help=f"sim: hardware profile name or YAML file (default {DEFAULT_HW}; see timely-llm --help)")
     p.add_argument("--model", default=None, type=_model_dir,
-                   help="vllm: Hugging Face model directory (default: the shipped tiny model)")
+                   help="vllm: smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
     p.add_argument("--workload", required=True, help="WID1, WID1-high, WID2, WID3, or a workload JSON file")
     p.add_argument("--policy", required=True, choices=BENCH_POLICIES, metavar="POLICY",
                    help=f"one of {', '.join(BENCH_POLICIES)} (see timely-llm --help)")
@@ -169,8 +176,9 @@ def _bench(args: argparse.Namespace) -> int:
 
         scheduling = "priority" if args.policy == "vllm-priority" else "fcfs"
         cap = {"max_num_seqs": args.max_batch} if args.max_batch else {}
-        engine = VllmEngine(args.model, seed=args.seed, scheduling_policy=scheduling, **cap)
-        setup = EngineSetup.real(f"vllm:{args.model or 'tiny'}", engine)
+        model = args.model or DEFAULT_MODEL
+        engine = VllmEngine(model, seed=args.seed, scheduling_policy=scheduling, **cap)
+        setup = EngineSetup.real(f"vllm:{model}", engine)
     else:
         setup = EngineSetup.simulator(profile)
     result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch)
@@ -276,8 +284,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _add_profile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, type=_model_dir,
-                   help="Hugging Face model directory (default: the shipped tiny model)")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
+                   help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
     p.add_argument("--memory-from", default=DEFAULT_HW, help="profile whose memory section is kept")
     p.add_argument("--max-model-len", type=_positive_int, default=2048,
                    help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default 2048)")
@@ -456,7 +464,9 @@ def _robots(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog,
     return simulated_robots(agents, skills, catalog, args.seed, args.max_drones)
 
 
-def _watchdog(args: argparse.Namespace) -> dict[str, float]:
+def _watchdog(args: argparse.Namespace, generated: bool = False) -> dict[str, float]:
+    if generated:  # a generated loop runs its whole body when its '}' arrives
+        return {"segment_timeout_margin": GENERATED_SEGMENT_TIMEOUT_MARGIN}
     return {"segment_timeout_margin": DRONE_SEGMENT_TIMEOUT_MARGIN} if args.tello_sim else {}
 
 
@@ -484,12 +494,22 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def _add_demo(p: argparse.ArgumentParser) -> None:
+    import importlib.util
+
     from timely_llm.server import POLICIES
 
     _add_replay_args(p)
+    p.set_defaults(duration=None)
     _add_robot_args(p, tello_sim=True)
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
-                   help="sim: calibrated simulator paced on the wall clock (default); vllm: embedded vLLM, tiny model")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="vllm" if importlib.util.find_spec("vllm") else "sim",
+                   help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
+                        "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
+                   help="vllm: smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
+    p.add_argument("--replay", action="store_true",
+                   help="vllm: force-decode the recorded LRTrace plans instead of generating from the task texts")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=DEMO_PLAN_TOKENS,
+                   help=f"vllm: cap on a generated plan's tokens (default {DEMO_PLAN_TOKENS})")
     p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
                    help=f"policy compared against vllm: one of {', '.join(POLICIES)} (default timelyllm)")
     p.set_defaults(run=_demo)
@@ -499,26 +519,33 @@ def _demo(args: argparse.Namespace) -> int:
     from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
 
     skills, catalog, workload = _load_inputs(args)
-    workload = cut(workload, args.duration)
+    generate = args.engine == "vllm" and not args.replay
+    duration = args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)
+    workload = cut(workload, duration)
+    node_params: dict[str, object] = {}
     if args.engine == "vllm":
         _quiet_vllm_logging()
-    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine; "
-          f"each policy replays them in real time ({args.duration:.0f} s of arrivals)", flush=True)
+        node_params = {"model": args.model}
+    source = f"plans generated by {args.model} from the task texts" if generate else "recorded LRTrace plans"
+    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine, {source}; "
+          f"each policy replays them in real time ({duration:.0f} s of arrivals)", flush=True)
     results = []
     for policy in (args.policy, "vllm"):
         print(f"{policy}: starting the node ({args.engine} engine)", flush=True)
         with ros_session(args.domain_id) as (context, executor), \
-                server_node(executor, context, engine=args.engine, policy=policy,
-                            network_latency=workload.network_latency, **_watchdog(args)), \
+                server_node(executor, context, engine=args.engine, policy=policy, **node_params,
+                            network_latency=workload.network_latency, **_watchdog(args, generate)), \
                 _robots(args, workload, catalog, skills) as runners, \
                 _progress(policy, len(workload.requests)) as progress:
-            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress)
+            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
+                                generate=generate, max_new_tokens=args.max_new_tokens if generate else 0)
         results.append(fleet_result(workload, records, policy, args.seed))
         print(f"{policy}: {results[-1]['summary']['all']['succeeded']} of {len(records)} requests succeeded",
               flush=True)
     print("\nresults (wall clock: they vary a little from run to run):")
     for result in results:  # last, after every engine's start-up output
         _print_summary(result)
+        _print_failures(result["requests"])
     return 0
 
 
@@ -555,6 +582,12 @@ def _load_bench(args: argparse.Namespace) -> int:
             f"{rss:.0f} MiB after {goals:,} goals" for goals, rss in found) +
             f" ({100 * (found[-1][1] / found[0][1] - 1):+.1f}% from first to last)")
     return 0
+
+
+def _print_failures(records: list[dict]) -> None:
+    for record in records:
+        if record["status"] != "succeeded":
+            print(f"    {record['id']} ({record['agent']}): {record['status']}: {record['reason']}")
 
 
 FLEET_POLICY = "running node"
@@ -644,6 +677,8 @@ def _in_file(text: str) -> str:
 
 
 def _model_dir(text: str) -> str:
+    if text in MODEL_NAMES:
+        return text
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: no such model directory")
     return text
@@ -671,6 +706,62 @@ def _out_dir(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} is not writable")
     return text
 
+
+def _add_plan(p: argparse.ArgumentParser) -> None:
+    from timely_llm.planning import DEFAULT_PLAN_TOKENS
+
+    p.add_argument("--robot", required=True, help="robot type (a skill model: tello, arm, chatbot)")
+    p.add_argument("--task", required=True, help="the task, optionally after a scene: 'Scene: [cat], Task: ...'")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
+                   help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_PLAN_TOKENS)
+    p.add_argument("--no-grammar", action="store_true", help="decode freely instead of in the robot's grammar")
+    p.add_argument("--skill-models", nargs="*", default=None)
+    p.add_argument("--json", action="store_true", help="end with the plan as one line of JSON")
+    p.set_defaults(run=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.planning import generate_plan
+    from timely_llm.workloads.traces import load_catalog
+
+    skills = load_skill_models(args.skill_models)
+    if args.robot not in skills:
+        raise ConfigError("--robot", "robot", f"unknown robot {args.robot!r} (known: {', '.join(sorted(skills))})")
+    if not args.task.strip():
+        raise ConfigError("--task", "task", "empty task")
+    _quiet_vllm_logging()
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    with _stdout_to_stderr():  # anything else vLLM and its libraries print
+        from timely_llm.engines.vllm_engine import VllmEngine
+
+        engine = VllmEngine(args.model, max_model_len=2048, kv_cache_gib=0.25)
+        try:
+            plan = generate_plan(engine, skills[args.robot], load_catalog(), args.task,
+                                 constrained=not args.no_grammar, max_new_tokens=args.max_new_tokens,
+                                 on_segment=lambda s: print(f"segment {s.index}: {s.text}", file=out))
+        finally:
+            engine.close()
+    if plan.reason:
+        print(f"{plan.status}: {plan.reason}", file=out)
+    if args.json:
+        print(json.dumps(plan.to_json()), file=out)
+    out.close()
+    return 0 if plan.status == "succeeded" else 1
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():  # noqa: ANN202 - context manager
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -337,6 +337,8 @@ class Server:
         if finished:
             self._generated(request)
             rest = request.segmenter.flush()
+            if request.grammar is not None:  # a plan cut short by its token budget still closes its blocks
+                rest = request.grammar.close("".join(s.text for s in request.segments) + "".join(pieces), rest)
             # An empty last segment tells the robot a plan ended after a segment already sent as not final.
             if rest.strip() or not pieces and not (request.segments and request.segments[-1].final):
                 pieces.append(rest)

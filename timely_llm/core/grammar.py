@@ -39,6 +39,7 @@ from timely_llm.core.regex import (
     plus,
     render_ebnf,
     repeat,
+    shortest,
     star,
 )
 from timely_llm.core.skills import ArgSpec, Skill, SkillModel
@@ -46,11 +47,12 @@ from timely_llm.core.skills import ArgSpec, Skill, SkillModel
 MAX_DEPTH = 2
 """Blocks nest at most this deep (TypeFly's examples use two: a loop holding a conditional)."""
 MAX_STATEMENTS = 8
-"""Statements per block and at the top level of a MiniSpec plan."""
+"""Statements at the top level of a MiniSpec plan."""
+MAX_BLOCK_STATEMENTS = 4
 MAX_CALLS = 24
 """Calls in an arm plan."""
 MAX_SENTENCES = 4
-MAX_LOOP = 10
+MAX_LOOP = 5
 
 _LOWER = char_range("a", "z")
 _DIGIT = char_range("0", "9")
@@ -87,6 +89,34 @@ class PlanGrammar:
     def complete_after(self, text: str) -> bool:
         """Whether the plan may end right after ``text``."""
         return nullable(derive_text(self.root, text))
+
+    def close(self, done: str, pending: str) -> str:
+        """The last segment of a plan whose generation stopped early (token budget spent).
+
+        ``done`` was dispatched already; ``pending`` is the text after it. Keeps ``pending``
+        up to its last statement boundary and appends the shortest text that completes the
+        plan (the closing braces of open blocks), so the robot gets a plan it can run.
+        """
+        if self.complete_after(done + pending):
+            return pending
+        for end in sorted(_boundaries(pending), reverse=True):
+            completion = shortest(derive_text(self.root, done + pending[:end]))
+            if completion is not None:
+                return pending[:end] + completion
+        return pending  # ``done`` itself left the grammar: nothing to repair
+
+
+def _boundaries(text: str) -> list[int]:
+    """0 and every position right after a ';', '{' or '}' outside quotes."""
+    cuts, quote = [0], None
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in ";{}":
+            cuts.append(i + 1)
+    return cuts
 
 
 @cache
@@ -148,7 +178,7 @@ def _minispec(skills: list[Skill]) -> Regex:
     head = alt(cat(lit("?"), condition), int_range(2, MAX_LOOP))
     statement = cat(simple, lit(";"))
     for _ in range(MAX_DEPTH):
-        body = cat(repeat(statement, 1, MAX_STATEMENTS), opt(ret))
+        body = cat(repeat(statement, 1, MAX_BLOCK_STATEMENTS), opt(ret))
         statement = alt(cat(simple, lit(";")), cat(head, lit("{"), body, lit("}"), opt(lit(";"))))
     return alt(cat(repeat(statement, 1, MAX_STATEMENTS), opt(cat(ret, opt(lit(";"))))), cat(ret, opt(lit(";"))))
 

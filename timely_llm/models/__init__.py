@@ -22,10 +22,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from safetensors.numpy import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 CORPUS = Path(__file__).with_name("tiny_corpus.txt")
 VOCAB_SIZE = 2000
@@ -89,6 +91,8 @@ def _build_atomically(target: Path, corpus: str) -> None:
 
 
 def _write_model(out: Path, corpus: str) -> None:
+    from safetensors.numpy import save_file
+
     tok = train_tokenizer(corpus)
     tok.save(str(out / "tokenizer.json"))
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
@@ -113,6 +117,8 @@ def _write_model(out: Path, corpus: str) -> None:
 
 def train_tokenizer(corpus: str) -> Tokenizer:
     """Train the byte-level BPE on ``corpus``; prompts get a leading ``<s>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

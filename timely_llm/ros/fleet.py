@@ -76,11 +76,14 @@ def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
 
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
               context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
-              progress: Callable[[int], None] | None = None) -> list[dict]:
+              progress: Callable[[int], None] | None = None, generate: bool = False,
+              max_new_tokens: int = 0) -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
     ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
-    called with the number of requests ended so far, each time one ends.
+    called with the number of requests ended so far, each time one ends. With ``generate`` a
+    request carries its trace's task text but no trace id, so the node generates the plan (at
+    most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one.
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
@@ -92,7 +95,7 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     try:
         if not link.wait_for_server():
             raise RuntimeError("no timely_llm_server answers on request_plan")
-        sent = _replay(workload, catalog, robots, _counter(progress))
+        sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
         deadline = time.monotonic() + RESULT_GRACE_S
         return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog) for req, outcome in sent]
     finally:
@@ -103,13 +106,14 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
 
 
 def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient],
-            on_end: Callable[[object], None]) -> list:
+            on_end: Callable[[object], None], generate: bool = False, max_new_tokens: int = 0) -> list:
     start = time.monotonic()
     sent = []
     for r in workload.requests:
         time.sleep(max(0.0, start + r.arrival - time.monotonic()))
         trace = catalog[r.trace]
-        outcome = robots[r.agent].request(trace.prompt, r.tuf, trace.id, label=r.id)
+        outcome = robots[r.agent].request(trace.prompt, r.tuf, 0 if generate else trace.id,
+                                          max_new_tokens=max_new_tokens, label=r.id)
         outcome.finished.add_done_callback(on_end)
         sent.append((r, outcome))
     return sent

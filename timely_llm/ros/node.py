@@ -76,7 +76,7 @@ MAX_REASON_CHARS = 200
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
     "engine": ("sim", "sim (calibrated simulator, needs trace_id goals) or vllm"),
-    "model": ("", "model directory for engine vllm; empty = the shipped tiny model"),
+    "model": ("smollm2", "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model) or a directory"),
     "max_model_len": (2048, "engine vllm: longest prompt + plan in tokens"),
     "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB"),
     "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),

@@ -1,0 +1,82 @@
+"""One plan for one task, generated through the server loop (the ``plan`` command, tests, benchmarks).
+
+The robot's prompt is its fixed part from the LRTrace catalog (skills, guidance, few-shot
+examples) followed by the task, which may start with a scene (``Scene: [...], Task: ...``).
+Generation runs in the robot's plan grammar unless asked not to; segmented, each segment
+suspends the generation and the next resumes it from the token ids, as under the
+``timelyllm`` policy; unsegmented, it runs straight through (policy ``vllm``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from timely_llm.clock import VirtualClock
+from timely_llm.core.request import Request, Segment
+from timely_llm.core.skills import SkillModel
+from timely_llm.core.tuf import TUF
+from timely_llm.engines.base import Engine
+from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.workloads.traces import TraceCatalog
+
+DEFAULT_PLAN_TOKENS = 64
+_ids = itertools.count()
+
+
+@dataclass
+class GeneratedPlan:
+    robot: str
+    task: str
+    status: str
+    reason: str
+    output_ids: list[int]
+    segments: list[Segment]
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+    def to_json(self) -> dict:
+        return {
+            "robot": self.robot, "task": self.task, "plan": self.text,
+            "segments": [
+                {"index": s.index, "text": s.text, "skills": [{"name": c.name, "args": list(c.args)} for c in s.calls]}
+                for s in self.segments
+            ],
+        }
+
+
+def task_prompt(catalog: TraceCatalog, robot: str, task: str) -> str:
+    """The text a robot's request for ``task`` is generated from."""
+    return catalog.prompt_text(robot, task)
+
+
+def generate_plan(engine: Engine, robot: SkillModel, catalog: TraceCatalog, task: str, *,
+                  segmented: bool = True, constrained: bool = True, max_new_tokens: int = DEFAULT_PLAN_TOKENS,
+                  on_segment: Callable[[Segment], None] | None = None) -> GeneratedPlan:
+    """Generate one plan on ``engine``; ``on_segment`` sees each segment the moment it is cut.
+
+    The robot is taken to execute each segment instantly, so only generation is timed.
+    """
+    finished: list[Request] = []
+    executed: list[Segment] = []
+
+    def dispatched(request: Request, segment: Segment) -> None:
+        if on_segment is not None:
+            on_segment(segment)
+        executed.append(segment)
+
+    server = Server(engine, {robot.robot: robot}, POLICIES["timelyllm" if segmented else "vllm"], VirtualClock(),
+                    network_latency=0.0, on_segment=dispatched, on_finish=finished.append)
+    prompt_ids = engine.tokenizer.encode(task_prompt(catalog, robot.robot, task))
+    request = server.submit(PlanRequest(f"plan-{next(_ids)}", "cli", robot.robot, prompt_ids, TUF(1.0, -2.0, 1.0),
+                                        max_new_tokens=max_new_tokens, constrained=constrained))
+    while not finished:
+        server.step()
+        while executed:  # reported after the step, as a robot's report would arrive
+            now = server.clock.now()
+            server.segment_done(request.id, executed.pop(0).index, now, now)
+    return GeneratedPlan(robot.robot, task, request.status.value, request.reason, list(request.output_ids),
+                         list(request.segments))
