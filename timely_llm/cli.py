@@ -714,9 +714,11 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", required=True, help="the task, optionally after a scene: 'Scene: [cat], Task: ...'")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
                    help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_PLAN_TOKENS)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_PLAN_TOKENS,
+                   help=f"cap on the plan's tokens (default {DEFAULT_PLAN_TOKENS})")
     p.add_argument("--no-grammar", action="store_true", help="decode freely instead of in the robot's grammar")
-    p.add_argument("--skill-models", nargs="*", default=None)
+    p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
+                   help="skill-model YAML files (default: the shipped ones)")
     p.add_argument("--json", action="store_true", help="end with the plan as one line of JSON")
     p.set_defaults(run=_plan)
 
