@@ -742,7 +742,7 @@ def _plan(args: argparse.Namespace) -> int:
         try:
             plan = generate_plan(engine, skills[args.robot], load_catalog(), args.task,
                                  constrained=not args.no_grammar, max_new_tokens=args.max_new_tokens,
-                                 on_segment=lambda s: print(f"segment {s.index}: {s.text}", file=out))
+                                 on_segment=lambda s: s.text and print(f"segment {s.index}: {s.text}", file=out))
         finally:
             engine.close()
     if plan.reason:

@@ -33,6 +33,7 @@ class GeneratedPlan:
     reason: str
     output_ids: list[int]
     segments: list[Segment]
+    """Segments with text (the server may end a plan with an empty one: 'nothing more')."""
 
     @property
     def text(self) -> str:
@@ -79,4 +80,4 @@ def generate_plan(engine: Engine, robot: SkillModel, catalog: TraceCatalog, task
             now = server.clock.now()
             server.segment_done(request.id, executed.pop(0).index, now, now)
     return GeneratedPlan(robot.robot, task, request.status.value, request.reason, list(request.output_ids),
-                         list(request.segments))
+                         [s for s in request.segments if s.text])

@@ -1,0 +1,43 @@
+"""``timely-llm plan``: segments on stdout as they are cut, the plan as one JSON line last, logs elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.skills import load_skill_models
+
+pytestmark = pytest.mark.vllm
+
+
+def test_plan_prints_segments_then_one_json_line() -> None:
+    task = "Scene: [], Task: [A] Find the cat and go to it."
+    proc = subprocess.run(
+        [sys.executable, "-m", "timely_llm.cli", "plan", "--robot", "tello", "--task", task, "--model", "tiny",
+         "--max-new-tokens", "24", "--json"],
+        capture_output=True, text=True, timeout=600, env=os.environ | {"VLLM_LOGGING_LEVEL": "INFO"})
+    lines = proc.stdout.splitlines()
+    assert lines, proc.stderr[-2000:]
+    plan = json.loads(lines[-1])
+    assert set(plan) == {"robot", "task", "plan", "segments"}
+    assert (plan["robot"], plan["task"]) == ("tello", task)
+    assert plan["plan"] == "".join(s["text"] for s in plan["segments"])
+    assert lines[:-1] == [f"segment {s['index']}: {s['text']}" for s in plan["segments"]]
+    model = load_skill_models()["tello"]
+    assert plan_grammar(model).accepts(plan["plan"])  # even random weights write grammatical plans
+    for segment in plan["segments"]:
+        assert all(set(skill) == {"name", "args"} and skill["name"] in model.skills for skill in segment["skills"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "INFO" not in proc.stdout and "INFO" in proc.stderr  # vLLM's logs stay off stdout
+
+
+def test_plan_refuses_an_unknown_robot_before_loading_a_model() -> None:
+    proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "plan", "--robot", "boat", "--task", "sail"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown robot 'boat'" in proc.stderr
