@@ -8,7 +8,7 @@ setup(
     description="Segmented, time-utility-aware LLM serving for robots over ROS 2 (TimelyLLM)",
     license="Apache-2.0",
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
-    package_data={PACKAGE: ["hw/*.yaml", "workloads/*.yaml", "models/*", "models/tiny/*"]},
+    package_data={PACKAGE: ["hw/*.yaml", "workloads/*.yaml", "evaluation/*.yaml", "models/*", "models/tiny/*"]},
     python_requires=">=3.10",
     install_requires=["numpy", "pyyaml", "matplotlib"],
     extras_require={
