@@ -106,3 +106,14 @@ def test_a_signal_aborts_every_goal_in_flight_with_its_result_and_exits_0(node_p
     assert node.wait(30.0) == 0
     for robot, _ in sent:
         robot.close()
+
+
+def test_load_bench_prints_every_goal_ended_and_flat_memory(ros_domain: int) -> None:
+    command = [sys.executable, "-m", "timely_llm.cli", "load-bench", "--agents", "20", "--duration", "3",
+               "--memory-goals", "40", "80", "--memory-agents", "20", "--domain-id", str(ros_domain)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=BURST_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["20"])
+    goals = int(row[1])
+    assert goals >= 20 and f"{goals} succeeded; exit 0" in " ".join(row), done.stdout
+    assert "after 40 goals" in done.stdout and "after 80 goals" in done.stdout, done.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import socket
 from collections.abc import Callable
 
 import pytest
@@ -259,24 +258,34 @@ def test_simulated_fleet_flies_djitellopy_drones_and_arms(session: tuple, robots
         assert expected * 0.9 <= outcome.exec_time <= expected + 1.5, trace
 
 
-def test_wid1_replay_over_ros_matches_the_bench(session: tuple) -> None:
+RESPONSE_SLACK_S = 0.5
+"""What a loaded 2-core machine may add, over ROS, to a mean response or waiting time of the modelled schedule."""
+
+
+def test_wid1_replay_over_ros_serves_the_bench_plans_on_its_schedule(session: tuple) -> None:
+    """The bench's requests replayed over ROS by robot clients: the same plans, all succeeding, on the same schedule.
+
+    The bench runs on a virtual clock, the node on the wall clock: how closely the two agree is measured
+    (README), not asserted; asserted is that ROS never beats the modelled schedule (which a mis-stamped
+    arrival would) and trails it by at most RESPONSE_SLACK_S.
+    """
     workload = cut(generate(BUILTIN["WID1"], CATALOG, SKILLS, seed=0), 35.0)
     assert 6 <= len(workload.requests)
     bench = run_bench(workload, "timelyllm", load_profile("rtx4090-llama3-8b"), SKILLS, CATALOG, seed=0)
     with server_node(session[1], session[0]):
         ros = fleet_result(workload, run_fleet(workload, CATALOG, SKILLS, session[1], session[0], 0), "timelyllm", 0)
     print({"bench": bench["summary"], "ros": ros["summary"]})
+    planned = {r["id"]: len(r["segments"]) for r in bench["requests"]}
+    assert {r["id"]: r["num_segments"] for r in ros["requests"]} == planned
     for category, expected in bench["summary"].items():
         got = ros["summary"][category]
         assert got["succeeded"] == expected["succeeded"] == expected["count"]
-        for metric in ("mean_utility", "mean_response_time", "mean_waiting_time"):
-            assert got[metric] == pytest.approx(expected[metric], rel=0.10), (category, metric)
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+        for metric in ("mean_response_time", "mean_waiting_time"):
+            assert 0.9 * expected[metric] <= got[metric] <= expected[metric] + RESPONSE_SLACK_S, (category, metric)
+        tufs = [TUF(**r["tuf"]) for r in bench["requests"] if category in ("all", r["category"])]
+        slowest = min(tuf.alpha for tuf in tufs)  # the steepest loss of utility per second late
+        assert expected["mean_utility"] + slowest * RESPONSE_SLACK_S <= got["mean_utility"]
+        assert got["mean_utility"] <= 1.1 * expected["mean_utility"], category
 
 
 @pytest.mark.vllm
