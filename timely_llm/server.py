@@ -354,9 +354,9 @@ class Server:
     def _out_of_tokens(request: Request) -> bool:
         """No text can follow what was cut: the recorded plan or the token budget is used up."""
         produced = len(request.output_ids)
-        used_up = produced >= request.max_new_tokens or (
-            request.forced_ids is not None and produced >= len(request.forced_ids))
-        return used_up and not request.segmenter.pending.strip()
+        budget_spent = produced >= request.max_new_tokens and request.grammar is None  # else it may close blocks
+        plan_replayed = request.forced_ids is not None and produced >= len(request.forced_ids)
+        return (budget_spent or plan_replayed) and not request.segmenter.pending.strip()
 
     def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> None:
         robot = request.robot
