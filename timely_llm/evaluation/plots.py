@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from timely_llm.errors import ConfigError
 
@@ -193,6 +194,10 @@ def _plot_map(hw: str, points: list[dict], path: Path) -> Path:
             else:
                 ax.set_yscale("symlog", linthresh=2.0)
             ax.set_xscale("log", base=2)
+            agents = sorted({p["agents"] for p in at_cap})
+            ax.set_xticks(agents, [str(a) for a in agents])
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.grid(True, linewidth=0.4, alpha=0.5)
             if col == 0:
                 ax.set_ylabel(label)
