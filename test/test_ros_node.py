@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
 from guards import wait_until
@@ -109,6 +110,10 @@ def test_segments_arrive_in_order_as_feedback_before_the_result(session: tuple, 
     assert 0 <= outcome.result.response_time and 0 < outcome.result.utility <= 1.0
 
 
+ARM_HEAD_START_STEPS = 5
+"""Engine iterations the arm plans generate before the urgent goal comes: prefilled, well short of done."""
+
+
 def _urgent_wait(session: tuple, link: PlanLink, robots: Callable, policy: str) -> int:
     """Engine iterations from an urgent goal's arrival, amid 12 arm plans generating, to its first segment.
 
@@ -116,41 +121,48 @@ def _urgent_wait(session: tuple, link: PlanLink, robots: Callable, policy: str) 
     """
     with server_node(session[1], session[0], policy=policy) as node:
         assert link.wait_for_server()
-        arrived, first_segment = _watch_steps(node.server, "drone")
+        watch = StepWatch()
+        watch.attach(node.server)
         arms = [ask(robots(f"{policy}-arm{i}", "arm"), 9 + i % 3) for i in range(12)]
-        wait_until(lambda: all(a.segments for a in arms), RESULT_TIMEOUT_S, "every arm plan generating")
+        wait_until(lambda: len(watch.arrived) == len(arms), RESULT_TIMEOUT_S, "every arm goal in the server")
+        head_start = max(watch.arrived.values()) + ARM_HEAD_START_STEPS
+        wait_until(lambda: watch.steps >= head_start, RESULT_TIMEOUT_S, "the arm plans generating")
         urgent = ask(robots(f"{policy}-drone", "tello"), 6).wait(RESULT_TIMEOUT_S)
         for arm in arms:
             arm.wait(RESULT_TIMEOUT_S)
-    assert urgent.status == "succeeded"
-    assert urgent.first_segment_at is not None
-    return first_segment[0] - arrived[0]
+    drone = f"{policy}-drone"
+    assert urgent.status == "succeeded" and all(arm.status == "succeeded" for arm in arms)
+    assert all(watch.done[f"{policy}-arm{i}"] > watch.arrived[drone] for i in range(12))  # amid them, indeed
+    return watch.first_segment[drone] - watch.arrived[drone]
 
 
-def _watch_steps(server: Server, agent_part: str) -> tuple[list[int], list[int]]:
-    """Lists that will hold the engine iteration count when a matching agent's goal arrives / gets segment 0."""
-    steps = itertools.count(1)
-    count = [0]
-    arrived: list[int] = []
-    first_segment: list[int] = []
-    engine_step, submit, on_segment = server.engine.step, server.submit, server.on_segment
+@dataclass
+class StepWatch:
+    """Engine iterations so far, and the one at which each agent's goal arrived, got segment 0, was generated."""
 
-    def step():  # noqa: ANN202 - StepOutput
-        count[0] = next(steps)
-        return engine_step()
+    steps: int = 0
+    arrived: dict[str, int] = field(default_factory=dict)
+    first_segment: dict[str, int] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
 
-    def watched_submit(plan):  # noqa: ANN001, ANN202 - PlanRequest -> Request
-        if agent_part in plan.agent:
-            arrived.append(count[0])
-        return submit(plan)
+    def attach(self, server: Server) -> None:
+        engine_step, submit, on_segment = server.engine.step, server.submit, server.on_segment
 
-    def watched_segment(request, segment) -> None:  # noqa: ANN001
-        if agent_part in request.agent and segment.index == 0:
-            first_segment.append(count[0])
-        on_segment(request, segment)
+        def step():  # noqa: ANN202 - StepOutput
+            self.steps += 1
+            return engine_step()
 
-    server.engine.step, server.submit, server.on_segment = step, watched_submit, watched_segment
-    return arrived, first_segment
+        def watched_submit(plan):  # noqa: ANN001, ANN202 - PlanRequest -> Request
+            self.arrived[plan.agent] = self.steps
+            return submit(plan)
+
+        def watched_segment(request, segment) -> None:  # noqa: ANN001
+            self.first_segment.setdefault(request.agent, self.steps)
+            if segment.final:
+                self.done[request.agent] = self.steps
+            on_segment(request, segment)
+
+        server.engine.step, server.submit, server.on_segment = step, watched_submit, watched_segment
 
 
 def test_urgent_goal_gets_its_first_segment_sooner_than_under_vllm(session: tuple, link: PlanLink,
