@@ -73,6 +73,7 @@ def test_lrtrace_plans_are_in_their_robots_grammar() -> None:
     ("tello", "?iv('cat')==True{g('cat');"),  # block never closed
     ("tello", "mf(50)"),  # statement never ended
     ("arm", "pick(3);"),
+    ("arm", "pick(_1);"),  # an arm plan has no variables
     ("arm", "fly('cup');"),
     ("chatbot", "hello there."),
 ])

@@ -132,7 +132,7 @@ def _build(model: SkillModel) -> Regex | None:
     if model.language == "minispec":
         return cat(lead, _minispec(skills))
     if model.language == "calls":
-        return cat(lead, repeat(cat(_calls(skills), lit(";")), 1, MAX_CALLS))
+        return cat(lead, repeat(cat(_calls(skills, variables=False), lit(";")), 1, MAX_CALLS))
     if model.language == "sentence":
         sentence = cat(char_range("A", "Z"), star(alt(_LOWER, char_range("A", "Z"), _DIGIT, chars(" ,;:'-"))),
                        chars(".!?"))
@@ -140,26 +140,28 @@ def _build(model: SkillModel) -> Regex | None:
     return None
 
 
-def _arg(spec: ArgSpec) -> Regex:
+def _arg(spec: ArgSpec, variables: bool) -> Regex:
+    """An argument of its declared type; MiniSpec may pass a variable instead (``variables``)."""
+    var = _VAR if variables else EMPTY
     if spec.type == "int":
         return int_range(spec.low, spec.high)
     if spec.type == "name":
-        return alt(_NAME, _VAR)
+        return alt(_NAME, var)
     if spec.type == "text":
-        return alt(_TEXT, _VAR)
-    return alt(_NUMBER, _NAME, _TEXT, _VAR)
+        return alt(_TEXT, var)
+    return alt(_NUMBER, _NAME, _TEXT, var)
 
 
-def _call(skill: Skill) -> Regex:
+def _call(skill: Skill, variables: bool = True) -> Regex:
     if not skill.args:
         return cat(lit(skill.abbr), opt(lit("()")))
-    args = [_arg(a) for a in skill.args]
+    args = [_arg(a, variables) for a in skill.args]
     joined = [args[0], *(cat(lit(","), a) for a in args[1:])]
     return cat(lit(skill.abbr), lit("("), *joined, lit(")"))
 
 
-def _calls(skills: list[Skill]) -> Regex:
-    return alt(*(_call(s) for s in skills))
+def _calls(skills: list[Skill], variables: bool = True) -> Regex:
+    return alt(*(_call(s, variables) for s in skills))
 
 
 def _minispec(skills: list[Skill]) -> Regex:

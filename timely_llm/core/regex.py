@@ -202,11 +202,6 @@ def matches(r: Regex, text: str) -> bool:
     return nullable(derive_text(r, text))
 
 
-def is_prefix(r: Regex, text: str) -> bool:
-    """Whether some string ``r`` matches starts with ``text``."""
-    return derive_text(r, text) is not EMPTY
-
-
 @cache
 def shortest(r: Regex) -> str | None:
     """A shortest string ``r`` matches (None for ``EMPTY``)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks (a quick look)")
     args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the table readable on stdout
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
     from timely_llm.engines.vllm_engine import VllmEngine
 
