@@ -1,4 +1,4 @@
-"""Scheduling-overhead measurement: shape of the result, and that a decision picks the max of Eq. 4."""
+"""Scheduling-overhead measurement: shape of the result, and that a decision picks the max of PUD (Eq. 4 on time)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,20 @@ from timely_llm.evaluation.sched_overhead import NETWORK_LATENCY, NOW, build_que
 SKILLS = load_skill_models()
 
 
-def _eq4(r: Request, now: float, network: float = NETWORK_LATENCY) -> float:
-    """Eq. 4 written out per request: TUF_k(W) / (G * L), L floored at G."""
+def _pud(r: Request, now: float, network: float = NETWORK_LATENCY) -> float:
+    """PUD written out per request (core/priority.py): on time, Eq. 4, TUF_k(W) / (G * L) with L floored
+    at G; late (L < 0), the utility lost per generation time, (delta_k * beta + |alpha| * G) / G^2,
+    the longest late first among equals."""
     g = r.robot.segment_generation_time
     start = now + g + network
-    if r.seg_index == 0:
-        utility = min(r.tuf.beta, r.tuf.alpha * (start - r.arrival - r.tuf.ert) + r.tuf.beta)
-        deadline = r.arrival + r.tuf.ert
-    else:
-        utility = min(r.tuf.beta, r.tuf.alpha * max(start - r.prev_end_est, 0.0) + r.tuf.beta)
-        deadline = r.prev_end_est
-    return utility / (g * max(deadline - start, g))
+    first = r.seg_index == 0
+    deadline = r.arrival + r.tuf.ert if first else r.prev_end_est
+    slack = deadline - start
+    if slack < 0:
+        return ((r.tuf.beta if first else 0.0) + abs(r.tuf.alpha) * g) / (g * g) - 1e-6 * slack
+    waited = start - (r.arrival + r.tuf.ert if first else r.prev_end_est)
+    utility = min(r.tuf.beta, r.tuf.alpha * waited + r.tuf.beta)
+    return utility / (g * max(slack, g))
 
 
 def test_measure_returns_one_positive_time_per_size() -> None:
@@ -48,11 +51,11 @@ def test_decision_picks_the_max_pud_request(size: int, seed: int) -> None:
     queue = build_queue(size, SKILLS, seed)
     for now in (NOW - 1.0, NOW, NOW + 0.3, NOW + 2.0):
         best = queue.best(now)
-        assert _eq4(best, now) == pytest.approx(max(_eq4(r, now) for r in queue))
+        assert _pud(best, now) == pytest.approx(max(_pud(r, now) for r in queue))
 
 
 def test_decision_after_removals_still_picks_the_max() -> None:
     queue = build_queue(30, SKILLS, seed=4)
     for _ in range(10):
         queue.remove(queue.best(NOW).id)
-        assert _eq4(queue.best(NOW), NOW) == pytest.approx(max(_eq4(r, NOW) for r in queue))
+        assert _pud(queue.best(NOW), NOW) == pytest.approx(max(_pud(r, NOW) for r in queue))
