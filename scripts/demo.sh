@@ -10,8 +10,10 @@ mkdir -p "$repo/build"
 log="$repo/build/setup.log"
 began=$SECONDS
 # Setup steps show as they start; everything else (pip, cmake) goes to the log.
-bash "$repo/scripts/setup_env.sh" "$venv" "$build" 2>&1 | tee "$log" | grep --line-buffered '^==> ' || {
-  echo "setup failed; the end of build/setup.log:" >&2; tail -n 20 "$log" >&2; exit 1; }
+if ! bash "$repo/scripts/setup_env.sh" "$venv" "$build" 2>&1 | tee "$log" | { grep --line-buffered '^==> ' || true; }
+then
+  echo "setup failed; the end of build/setup.log:" >&2; tail -n 20 "$log" >&2; exit 1
+fi
 echo "==> setup done in $((SECONDS - began)) s (log: build/setup.log)"
 # shellcheck source=/dev/null
 . "$repo/scripts/ros_env.sh" "$venv" "$build"
