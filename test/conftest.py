@@ -1,10 +1,9 @@
-import itertools
-import os
+import random
 from collections.abc import Callable, Iterator
 
 import pytest
 
-_ROS_DOMAINS = itertools.count()
+_ROS_DOMAINS = random.SystemRandom()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -28,8 +27,10 @@ def tello_client_ports() -> tuple[int, int]:
 
 @pytest.fixture
 def ros_domain(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A DDS domain drawn at random: test runs of other processes on this host draw theirs alike, so two tests
+    rarely meet (counting from the pid made two runs started together meet test after test)."""
     monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    return 1 + (os.getpid() + next(_ROS_DOMAINS)) % 99
+    return _ROS_DOMAINS.randint(1, 200)
 
 
 @pytest.fixture

@@ -171,8 +171,8 @@ class Swarm:
     def _on_response(self, agent: int, times: GoalTimes, future) -> None:  # noqa: ANN001 - rclpy Future
         handle = future.result()
         times.accepted = time.monotonic()
-        if not handle.accepted:
-            self._ended(agent, times, "rejected")
+        if not handle.accepted:  # the node is not serving (its log says why): this robot stops asking
+            times.ended, times.status = time.monotonic(), "rejected"
             return
         handle.get_result_async().add_done_callback(
             lambda f: self._ended(agent, times, f.result().result.status, handle.goal_id.uuid.tobytes().hex()))

@@ -133,6 +133,7 @@ class TimelyLlmNode(LifecycleNode):
         self._serving = False
         self._lock = threading.Lock()
         self._goals: dict[str, object] = {}  # request id -> rclpy ServerGoalHandle, until its result is handed over
+        self._concluding: set[str] = set()  # requests whose goal's execute callback has yet to run
         self._reports = ReportBook(0.0, 0.0)
         self._checked: tuple[int, PlanRequest] | None = None  # the goal just checked, for its accepted callback
         self._totals: dict[str, CategoryTotals] = collections.defaultdict(CategoryTotals)
@@ -277,10 +278,10 @@ class TimelyLlmNode(LifecycleNode):
         super().destroy_node()
 
     def _await_results(self, deadline: float) -> None:
-        """Wait until every goal's result is with rclpy, then a moment for rclpy to send the results."""
+        """Wait until every goal's final state is set, then a moment for rclpy to send the results."""
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._goals and not self._outbox:
+                if not self._goals and not self._outbox and not self._concluding:
                     break
             time.sleep(0.01)
         time.sleep(RESULT_FLUSH_S)
@@ -425,6 +426,8 @@ class TimelyLlmNode(LifecycleNode):
             return
         with self._lock:
             goal_handle = self._goals.pop(request_id, None)
+            if goal_handle is not None:
+                self._concluding.add(request_id)
         if goal_handle is not None:
             goal_handle.execute(functools.partial(self._conclude_with, item))
 
@@ -435,14 +438,19 @@ class TimelyLlmNode(LifecycleNode):
 
     def _conclude_with(self, result: RequestPlan.Result, goal_handle) -> RequestPlan.Result:  # noqa: ANN001
         """Execute callback of an ended request: set the goal's final state and return its result."""
-        if result.status == Status.SUCCEEDED.value:
-            goal_handle.succeed()
-        elif result.status == Status.CANCELED.value and goal_handle.is_cancel_requested:
-            goal_handle.canceled()
-        else:
-            goal_handle.abort()
+        request_id = goal_handle.goal_id.uuid.tobytes().hex()
+        try:
+            if result.status == Status.SUCCEEDED.value:
+                goal_handle.succeed()
+            elif result.status == Status.CANCELED.value and goal_handle.is_cancel_requested:
+                goal_handle.canceled()
+            else:
+                goal_handle.abort()
+        finally:
+            with self._lock:
+                self._concluding.discard(request_id)
         log = self.get_logger().debug if result.status == Status.SUCCEEDED.value else self.get_logger().info
-        log(f"request {goal_handle.goal_id.uuid.tobytes().hex()} {result.status} {result.reason}".rstrip())
+        log(f"request {request_id} {result.status} {result.reason}".rstrip())
         return result
 
     # ----- robots, watchdog and status -----
