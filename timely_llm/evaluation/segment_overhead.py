@@ -68,10 +68,13 @@ def _generate(engine: Engine, spec: GenerationSpec, boundaries: list[int]) -> fl
     engine.start(spec)
     while True:
         out = engine.step()
-        output += out.new_tokens.get(spec.gen_id, [])
+        new = out.new_tokens.get(spec.gen_id, [])
+        output += new
         if spec.gen_id in out.finished or spec.gen_id in out.failed:
             break
-        if len(output) in boundaries:
+        # Only right after the boundary token: a resumed request may take a step or more before its
+        # first token (vLLM compiles its grammar meanwhile), and must not be resumed again then.
+        if new and len(output) in boundaries:
             engine.suspend(spec.gen_id)
             engine.start(replace(spec, output_ids=output))
     engine.release(spec.gen_id)
