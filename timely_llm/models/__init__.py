@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,7 @@ def tiny_model_dir() -> Path:
     key = hashlib.sha256(corpus + inputs)
     target = cache_root() / f"tiny-{key.hexdigest()[:12]}"
     if not (target / "config.json").exists():
-        _build_atomically(target, corpus.decode())
+        build_atomically(target, lambda directory: _write_model(directory, corpus.decode()))
     return target
 
 
@@ -76,15 +77,19 @@ def cache_root() -> Path:
     return Path(base) / "timely_llm"
 
 
-def _build_atomically(target: Path, corpus: str) -> None:
+def build_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write`` into a fresh directory beside ``target`` and rename it into place.
+
+    Concurrent builders of the same cache entry are safe: the first rename wins, the others
+    find the finished entry and drop their copy.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
     try:
-        _write_model(tmp, corpus)
+        write(tmp)
         tmp.rename(target)
     except OSError:
-        # Another process finished the same build first.
-        if not (target / "config.json").exists():
+        if not (target / "config.json").exists():  # else another process finished first
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

