@@ -557,7 +557,8 @@ def _add_load_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=_positive_float, default=0.05,
                    help="robots execute segments in this fraction of their skill-model time (default 0.05)")
     p.add_argument("--memory-goals", nargs="*", type=_positive_int, default=[1000, 10000],
-                   help="the node's RSS once this many goals ended (default 1000 10000; none to skip)")
+                   help="the node's RSS once this many goals ended (default 1000 10000;"
+                        " the option alone, with no counts, skips the run)")
     p.add_argument("--memory-agents", type=_positive_int, default=200, help="robots for the RSS run (default 200)")
     p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
                    help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
