@@ -243,13 +243,18 @@ def render(r: Regex) -> str:
         return body
     assert isinstance(r, Repeat)
     inner = render(r.inner) if _atomic(r.inner) else f"({render(r.inner)})"
-    if (r.low, r.high) == (0, INF):
-        return inner + "*"
-    if (r.low, r.high) == (1, INF):
-        return inner + "+"
-    if r.high == INF:
-        return f"{inner}{{{r.low},}}"
-    return f"{inner}{{{r.low}}}" if r.low == r.high else f"{inner}{{{r.low},{r.high}}}"
+    return inner + _quantifier(r.low, r.high, exact_short=True)
+
+
+def _quantifier(low: int, high: int, exact_short: bool) -> str:
+    """The repeat suffix shared by the regex and EBNF renderings; ``exact_short`` writes {n,n} as {n}."""
+    if (low, high) == (0, INF):
+        return "*"
+    if (low, high) == (1, INF):
+        return "+"
+    if high == INF:
+        return f"{{{low},}}"
+    return f"{{{low}}}" if exact_short and low == high else f"{{{low},{high}}}"
 
 
 def _group(r: Regex) -> str:
@@ -390,14 +395,7 @@ def _ebnf(r: Regex, names: dict[Regex, str], top: bool = False) -> str:
         body = " | ".join(options)
         return f"({body})?" if EPS in r.options else body
     assert isinstance(r, Repeat)
-    inner = _ebnf_group(r.inner, names)
-    if (r.low, r.high) == (0, INF):
-        return inner + "*"
-    if (r.low, r.high) == (1, INF):
-        return inner + "+"
-    if r.high == INF:
-        return f"{inner}{{{r.low},}}"
-    return f"{inner}{{{r.low},{r.high}}}"
+    return _ebnf_group(r.inner, names) + _quantifier(r.low, r.high, exact_short=False)
 
 
 def _ebnf_group(r: Regex, names: dict[Regex, str]) -> str:
