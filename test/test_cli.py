@@ -66,6 +66,7 @@ BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
     (["bench", "--workload", "WID9", "--policy", "vllm", "--out", "{tmp}/r.json"], ["WID9"]),
     ([*BENCH, "--skill-models", "/no/robot.yaml", "--out", "{tmp}/r.json"], ["/no/robot.yaml"]),
     ([*BENCH], ["--out"]),
+    ([*BENCH, "--features", "timebill,warp", "--out", "{tmp}/r.json"], ["--features", "warp"]),
     (["workload", "--workload", "WID1", "--out", "/nonexistent_dir/w.json"], ["/nonexistent_dir"]),
     (["table", "/no/such/result.json"], ["/no/such/result.json"]),
     (["plot", "{tmp}/result.json", "--out", "{tmp}/result.json"], ["not a directory"]),
@@ -81,6 +82,7 @@ BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
     (["demo", "--workload", "/no/workload.json"], ["/no/workload.json"]),
     (["sweep", "--agents", "0", "--out", "{tmp}/s.json"], ["--agents"]),
     (["sweep", "--out", "/nonexistent_dir/s.json"], ["/nonexistent_dir"]),
+    (["sweep", "--features", "none", "fast", "--out", "{tmp}/s.json"], ["--features", "fast"]),
     (["launch"], ["launch"]),
 ])
 def test_bad_arguments_fail_fast_on_one_line(argv: list[str], needles: list[str], tmp_path: Path,

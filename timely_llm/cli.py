@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from timely_llm.core.features import Features
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
@@ -136,8 +137,19 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                         "runs fewer at once: the vLLM engine's max_num_seqs)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
+    p.add_argument("--features", default="default", type=_features, metavar="PARTS",
+                   help=f"scheduler parts to switch on: a comma list of {', '.join(Features.names())}, "
+                        "or all, none, default (default: default)")
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
     p.set_defaults(run=_bench)
+
+
+def _features(text: str) -> str:
+    try:
+        Features.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs
@@ -181,7 +193,8 @@ def _bench(args: argparse.Namespace) -> int:
         setup = EngineSetup.real(f"vllm:{model}", engine)
     else:
         setup = EngineSetup.simulator(profile)
-    result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch)
+    result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch,
+                       Features.parse(args.features))
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_summary(result)
     return 0
@@ -248,6 +261,8 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=3, help="workload seed")
     p.add_argument("--bench-seed", type=int, default=0, help="robot execution-time draws")
     p.add_argument("--kv-gib", type=float, default=None, help="KV-cache memory for every profile (GiB)")
+    p.add_argument("--features", nargs="+", default=["default"], type=_features, metavar="PARTS",
+                   help="sets of scheduler parts, each run under every policy (see bench --features)")
     p.add_argument("--jobs", type=int, default=sweep.default_jobs(), help="worker processes")
     p.add_argument("--out", required=True, type=_out_file, help="sweep JSON file to write")
     p.set_defaults(run=_sweep)
@@ -275,7 +290,7 @@ def _sweep(args: argparse.Namespace) -> int:
     for hw in args.hw:
         load_profile(hw)  # a bad name fails here, before any run
     grid = Grid(tuple(args.hw), tuple(args.policies), tuple(args.agents), tuple(caps), args.duration,
-                args.seed, args.bench_seed, args.kv_gib)
+                args.seed, args.bench_seed, args.kv_gib, tuple(args.features))
     result = run_grid(grid, args.jobs)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(markdown_table(result))

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.core.batch import BatchController
+from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.features import Features
 from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
@@ -84,8 +86,10 @@ class Server:
                  network_latency: float = 0.008, max_batch: int | None = None,
                  default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  on_segment: Callable[[Request, Segment], None] | None = None,
-                 on_finish: Callable[[Request], None] | None = None) -> None:
+                 on_finish: Callable[[Request], None] | None = None,
+                 features: Features = DEFAULT_FEATURES) -> None:
         self.engine = engine
+        self.features = features
         self.robots = robots
         self.policy = policy
         self.clock = clock

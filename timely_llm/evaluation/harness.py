@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from timely_llm.clock import VirtualClock, WallClock
+from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.core.skills import SkillModel
 from timely_llm.engines.base import Engine
@@ -95,7 +97,7 @@ class EngineSetup:
 
 def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,
               skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
-              max_batch: int | None = None) -> dict:
+              max_batch: int | None = None, features: Features = DEFAULT_FEATURES) -> dict:
     if policy not in BENCH_POLICIES:
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
@@ -103,27 +105,29 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
     if policy == "isolated":
         if setup.new_clock is not VirtualClock:
             raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
-        records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None)[0][0]
+        records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None, Features())[0][0]
                    for r in workload.requests]
         peak_queue = 1
     else:
-        records, peak_queue = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed, max_batch)
+        records, peak_queue = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed, max_batch,
+                                   features)
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
         "policy": policy, "workload": workload.name, "hw": setup.name, "seed": seed,
         "network_latency": workload.network_latency, "max_batch": max_batch, "peak_queue": peak_queue,
+        "features": features.label(),
         "requests": records, "summary": summarize(records),
     }
 
 
 def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup: EngineSetup,
          skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None,
-         ) -> tuple[list[dict], int]:
+         features: Features) -> tuple[list[dict], int]:
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
     server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, max_batch,
-                    on_finish=lambda r: records.append(Outcome.of(r).to_record()))
+                    on_finish=lambda r: records.append(Outcome.of(r).to_record()), features=features)
     sim = Simulation(server, clock)
     robots = SimulatedRobots(skills, workload.network_latency, seed, sim.schedule, server.segment_done)
     server.on_segment = robots.on_segment

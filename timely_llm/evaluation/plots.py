@@ -23,6 +23,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from timely_llm.errors import ConfigError
+from timely_llm.evaluation.sweep import series
 
 FIG5_METRICS = (("utility", "Time utility"), ("response_time", "Response time (s)"),
                 ("waiting_time", "Waiting time (s)"))
@@ -176,7 +177,7 @@ def plot_sweep(sweep: dict, out_dir: Path) -> list[Path]:
 
 def _plot_map(hw: str, points: list[dict], path: Path) -> Path:
     caps = list(dict.fromkeys(p["cap"] for p in points))
-    policies = list(dict.fromkeys(p["policy"] for p in points))
+    policies = list(dict.fromkeys(series(p) for p in points))
     fig = Figure(figsize=(4 * len(caps), 3.2 * len(SWEEP_ROWS)), layout="constrained")
     axes = fig.subplots(len(SWEEP_ROWS), len(caps), squeeze=False, sharex=True)
     for col, cap in enumerate(caps):
@@ -185,7 +186,7 @@ def _plot_map(hw: str, points: list[dict], path: Path) -> Path:
             ax = axes[row][col]
             for policy in policies:
                 line = sorted((p["agents"], _summary_mean(p, category, metric)) for p in at_cap
-                              if p["policy"] == policy)
+                              if series(p) == policy)
                 ax.plot([a for a, _ in line], [v for _, v in line], marker="o", markersize=3, label=policy)
             if metric == "response_time":
                 bound = sorted((p["agents"], p["isolated_response"].get(category, float("nan"))) for p in at_cap)

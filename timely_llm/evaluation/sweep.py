@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from timely_llm.core.features import Features
 from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.engines.hardware import HardwareProfile, load_profile
 from timely_llm.evaluation.harness import run_bench
@@ -50,6 +51,8 @@ class Grid:
     """Robot execution-time draws."""
     kv_gib: float | None = None
     """KV-cache memory in GiB for every profile instead of what the profile's card leaves."""
+    features: tuple[str, ...] = ("default",)
+    """Sets of scheduler parts (``Features.parse``), each run under every policy."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -83,8 +86,8 @@ def isolated_responses(profile: HardwareProfile, catalog: TraceCatalog, skills: 
 
 def run_grid(grid: Grid, jobs: int = 1) -> dict:
     """Run every point of ``grid``; ``jobs`` worker processes."""
-    points = [(hw, agents, cap, policy) for hw in grid.hw for cap in grid.caps
-              for agents in grid.agents for policy in grid.policies]
+    points = [(hw, agents, cap, policy, features) for hw in grid.hw for cap in grid.caps
+              for agents in grid.agents for policy in grid.policies for features in grid.features]
     started = time.perf_counter()
     results = []
     with ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
@@ -93,7 +96,7 @@ def run_grid(grid: Grid, jobs: int = 1) -> dict:
         for i, result in enumerate(runs, 1):
             results.append(result)
             print(f"[{i}/{len(points)}] {result['hw']} cap {result['cap']} {result['agents']} agents "
-                  f"{result['policy']}: {result['wall_s']:.1f} s", file=sys.stderr, flush=True)
+                  f"{result['series']}: {result['wall_s']:.1f} s", file=sys.stderr, flush=True)
     return {"kind": KIND, "grid": grid.to_dict(), "wall_s": time.perf_counter() - started, "points": results}
 
 
@@ -114,18 +117,20 @@ def _inputs(grid: Grid, hw: str, agents: int) -> tuple:
     return skills, catalog, profile, isolated, _CACHE[("w", agents)]
 
 
-def _run_point(job: tuple[Grid, tuple[str, int, int | None, str]]) -> dict:
-    grid, (hw, agents, cap, policy) = job
+def _run_point(job: tuple[Grid, tuple[str, int, int | None, str, str]]) -> dict:
+    grid, (hw, agents, cap, policy, features) = job
     skills, catalog, profile, isolated, workload = _inputs(grid, hw, agents)
     started = time.perf_counter()
-    result = run_bench(workload, policy, profile, skills, catalog, grid.bench_seed, cap)
+    parts = Features.parse(features)
+    result = run_bench(workload, policy, profile, skills, catalog, grid.bench_seed, cap, parts)
     records = result["requests"]
     by_category: dict[str, list[float]] = {}
     for r in records:
         by_category.setdefault(r["category"], []).append(isolated[r["trace"]])
     ends = [s["exec_end"] for r in records for s in r["segments"] if s["exec_end"] is not None]
     return {
-        "hw": profile.name, "agents": agents, "cap": cap, "policy": policy,
+        "hw": profile.name, "agents": agents, "cap": cap, "policy": policy, "features": parts.label(),
+        "series": policy if len(grid.features) == 1 else f"{policy} [{parts.label()}]",
         "events_per_second": EVENTS_PER_AGENT * agents, "requests": len(records),
         "summary": result["summary"],
         "isolated_response": {c: statistics.fmean(v) for c, v in sorted(by_category.items())},
@@ -134,16 +139,21 @@ def _run_point(job: tuple[Grid, tuple[str, int, int | None, str]]) -> dict:
     }
 
 
+def series(point: dict) -> str:
+    """The line a point belongs to: its policy, with its scheduler parts when the grid compared several."""
+    return point.get("series", point["policy"])
+
+
 def is_sweep(data: object) -> bool:
     return isinstance(data, dict) and data.get("kind") == KIND
 
 
 def markdown_table(sweep: dict, categories: tuple[str, ...] = ("urgent", "normal")) -> str:
     """One row per (hardware, cap, agents); per policy, each category's mean utility, then urgent response."""
-    policies = list(dict.fromkeys(p["policy"] for p in sweep["points"]))
+    policies = list(dict.fromkeys(series(p) for p in sweep["points"]))
     rows: dict[tuple, dict[str, dict]] = {}
     for p in sweep["points"]:
-        rows.setdefault((p["hw"], p["cap"], p["agents"]), {})[p["policy"]] = p
+        rows.setdefault((p["hw"], p["cap"], p["agents"]), {})[series(p)] = p
     head = ["hw", "cap", "agents"] + [f"{pol} {c[0]}" for pol in policies for c in categories] \
         + [f"{pol} urgent resp (s)" for pol in policies]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]

@@ -46,6 +46,7 @@ from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 
 from timely_llm.clock import WallClock
+from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
@@ -82,6 +83,7 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),
     "skill_models": (Parameter.Type.STRING_ARRAY, "skill-model YAML files; empty = the shipped ones"),
     "policy": ("timelyllm", f"serving policy: {', '.join(POLICIES)}"),
+    "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
     "max_batch": (0, "maximum batch size; 0 = the policy's default"),
     "network_latency": (0.008, "one-way robot<->server latency in seconds"),
     "max_task_chars": (2000, "goals whose task text is longer are rejected"),
@@ -205,7 +207,8 @@ class TimelyLlmNode(LifecycleNode):
         engine = self._make_engine()
         server = Server(engine, skills, POLICIES[policy], self.clock, self._param("network_latency"),
                         self._param("max_batch") or None, self._param("max_new_tokens"),
-                        on_segment=self._on_segment, on_finish=self._on_finish)
+                        on_segment=self._on_segment, on_finish=self._on_finish,
+                        features=Features.parse(self._param("features")))
         for robot in sorted(skills):
             server.warm_prefix(engine.tokenizer.encode(self.catalog.prompt_text(robot, "")))
         for trace in self.catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)
