@@ -19,6 +19,7 @@ together, in one method per transition of the state machine drawn in
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,6 +108,8 @@ class Server:
         self.parked: dict[str, Request] = {}
         """Generations at a segment boundary: queued, yet still in the engine until the next scheduling point."""
         self.lock = threading.RLock()
+        self.counters: Counter[str] = Counter()
+        """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
 
     # ----- called by robots and front ends (any thread) -----
 

@@ -107,22 +107,22 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
             raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
         records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None, Features())[0][0]
                    for r in workload.requests]
-        peak_queue = 1
+        peak_queue, counters = 1, {}
     else:
-        records, peak_queue = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed, max_batch,
-                                   features)
+        records, peak_queue, counters = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed,
+                                             max_batch, features)
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
         "policy": policy, "workload": workload.name, "hw": setup.name, "seed": seed,
         "network_latency": workload.network_latency, "max_batch": max_batch, "peak_queue": peak_queue,
-        "features": features.label(),
+        "features": features.label(), "counters": counters,
         "requests": records, "summary": summarize(records),
     }
 
 
 def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup: EngineSetup,
          skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None,
-         features: Features) -> tuple[list[dict], int]:
+         features: Features) -> tuple[list[dict], int, dict[str, int]]:
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
@@ -144,4 +144,4 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup
                            trace=trace.id, arrival=origin + r.arrival)
         sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
     sim.run()
-    return records, sim.peak_queue
+    return records, sim.peak_queue, dict(sorted(server.counters.items()))

@@ -134,7 +134,7 @@ def _run_point(job: tuple[Grid, tuple[str, int, int | None, str, str]]) -> dict:
         "events_per_second": EVENTS_PER_AGENT * agents, "requests": len(records),
         "summary": result["summary"],
         "isolated_response": {c: statistics.fmean(v) for c, v in sorted(by_category.items())},
-        "peak_queue": result["peak_queue"], "makespan": max(ends, default=0.0),
+        "peak_queue": result["peak_queue"], "counters": result["counters"], "makespan": max(ends, default=0.0),
         "wall_s": time.perf_counter() - started,
     }
 
