@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub.add_parser("bench", help="run a workload under one policy and write the records"))
     _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results; load-map plots from sweeps"))
     _add_sweep(sub.add_parser("sweep", help="load map: policies x hardware x batch caps x agents, one JSON"))
+    _add_ablation(sub.add_parser("ablation", help="scheduler parts each alone, all and none, on chosen points"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
@@ -233,10 +234,14 @@ def _add_plot(p: argparse.ArgumentParser) -> None:
 
 
 def _plot(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.ablation import is_ablation
     from timely_llm.evaluation.plots import plot_results, plot_sweep
     from timely_llm.evaluation.sweep import is_sweep
 
     results = _read_results(args.results)
+    for path, result in zip(args.results, results, strict=True):
+        if is_ablation(result):
+            raise ConfigError(path, "<root>", "an ablation result has no plot: timely-llm table shows it")
     sweeps = [r for r in results if is_sweep(r)]
     written = [f for sweep in sweeps for f in plot_sweep(sweep, Path(args.out))]
     benches = [r for r in results if not is_sweep(r)]
@@ -266,6 +271,51 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=sweep.default_jobs(), help="worker processes")
     p.add_argument("--out", required=True, type=_out_file, help="sweep JSON file to write")
     p.set_defaults(run=_sweep)
+
+
+def _add_ablation(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation import ablation, sweep
+
+    p.description = ("Run timelyllm on each point once per set of scheduler parts (default: none, each part alone, "
+                     "all) on the virtual clock; write one JSON and print the table.")
+    p.add_argument("--points", nargs="+", type=_ablation_point, default=[pt.name for pt in ablation.POINTS],
+                   metavar="POINT", help="WORKLOAD@HW[/CAP][/kvGIB]: a built-in workload or map:N (the load map's "
+                                         "workload of N agents), e.g. WID2@rtx4090-llama3-8b/8 "
+                                         "(default: the load map's scarce points and WID1-3)")
+    p.add_argument("--features", nargs="+", type=_features, default=list(ablation.feature_sets()), metavar="PARTS",
+                   help="sets of parts to compare (see bench --features)")
+    p.add_argument("--duration", type=_positive_float, default=100.0, help="seconds of arrivals of map:N workloads")
+    p.add_argument("--seed", type=_nonneg_int, default=3, help="workload seed (default 3)")
+    p.add_argument("--bench-seed", type=_nonneg_int, default=0, help="robot execution-time draws (default 0)")
+    p.add_argument("--jobs", type=_positive_int, default=sweep.default_jobs(), help="worker processes")
+    p.add_argument("--out", required=True, type=_out_file, help="ablation JSON file to write")
+    p.set_defaults(run=_ablation)
+
+
+def _ablation_point(text: str) -> str:
+    from timely_llm.engines.hardware import load_profile
+    from timely_llm.evaluation.ablation import Point
+
+    try:
+        point = Point.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        load_profile(point.hw)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"point {text!r}: {exc}") from None
+    return text
+
+
+def _ablation(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.ablation import Point, markdown_table, run_ablation
+
+    points = tuple(Point.parse(text) for text in args.points)
+    result = run_ablation(points, tuple(args.features), args.duration, args.seed, args.bench_seed, args.jobs)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(markdown_table(result))
+    print(f"{len(result['rows'])} runs in {result['wall_s']:.0f} s -> {args.out}")
+    return 0
 
 
 def _policies() -> list[str]:
@@ -335,6 +385,7 @@ def _add_table(p: argparse.ArgumentParser) -> None:
 
 
 def _read_results(paths: list[str]) -> list[dict]:
+    from timely_llm.evaluation.ablation import is_ablation
     from timely_llm.evaluation.sweep import is_sweep
 
     results = []
@@ -343,8 +394,8 @@ def _read_results(paths: list[str]) -> list[dict]:
             result = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(path, "<file>", f"cannot read result JSON: {exc}") from exc
-        if not is_sweep(result) and not _is_bench_result(result):
-            raise ConfigError(path, "<root>", "not a timely-llm bench or sweep result "
+        if not is_sweep(result) and not is_ablation(result) and not _is_bench_result(result):
+            raise ConfigError(path, "<root>", "not a timely-llm bench, sweep or ablation result "
                                               "(needs policy, workload, requests and summary)")
         results.append(result)
     return results
@@ -357,13 +408,15 @@ def _is_bench_result(data: object) -> bool:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation import sweep
+    from timely_llm.evaluation import ablation, sweep
     from timely_llm.evaluation.metrics import markdown_table
 
     results = _read_results(args.results)
     for result in filter(sweep.is_sweep, results):
         print(sweep.markdown_table(result))
-    benches = [r for r in results if not sweep.is_sweep(r)]
+    for result in filter(ablation.is_ablation, results):
+        print(ablation.markdown_table(result))
+    benches = [r for r in results if not sweep.is_sweep(r) and not ablation.is_ablation(r)]
     if benches:
         print(markdown_table(benches))
     return 0
