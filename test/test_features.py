@@ -21,3 +21,14 @@ def test_label_inverts_parse():
 def test_unknown_part_is_named():
     with pytest.raises(ValueError, match="unknown scheduler feature.*warp"):
         Features.parse("timebill,warp")
+
+
+def test_sweep_runs_each_set_under_our_policies_and_the_baselines_once_without():
+    from timely_llm.evaluation.sweep import Grid, run_grid, series
+
+    grid = Grid(("rtx4090-llama3-8b",), ("vllm-stream", "timelyllm"), (25,), (8,), duration=10.0,
+                features=("none", "all"))
+    points = run_grid(grid)["points"]
+    assert sorted((p["policy"], p["features"]) for p in points) == [
+        ("timelyllm", "all"), ("timelyllm", "none"), ("vllm-stream", "none")]
+    assert sorted(map(series, points)) == ["timelyllm [all]", "timelyllm [none]", "vllm-stream"]

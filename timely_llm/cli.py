@@ -267,7 +267,8 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench-seed", type=int, default=0, help="robot execution-time draws")
     p.add_argument("--kv-gib", type=float, default=None, help="KV-cache memory for every profile (GiB)")
     p.add_argument("--features", nargs="+", default=["default"], type=_features, metavar="PARTS",
-                   help="sets of scheduler parts, each run under every policy (see bench --features)")
+                   help="sets of scheduler parts, each run under every policy but the baselines "
+                        "(vllm, vllm-stream, vllm-priority: once, without parts; see bench --features)")
     p.add_argument("--jobs", type=int, default=sweep.default_jobs(), help="worker processes")
     p.add_argument("--out", required=True, type=_out_file, help="sweep JSON file to write")
     p.set_defaults(run=_sweep)

@@ -32,6 +32,7 @@ from timely_llm.workloads.traces import TraceCatalog, load_catalog
 AGENTS = (25, 50, 100, 200, 400, 800)
 CAPS: tuple[int | None, ...] = (8, 16, 64, None)
 POLICIES = ("vllm-stream", "vllm-priority", "timelyllm")
+BASELINES = ("vllm", "vllm-stream", "vllm-priority")
 EVENTS_PER_AGENT = 0.25 / 42  # WID2: 0.25 events/s over 42 agents
 MAX_TASKS_PER_EVENT = 16
 TRACES = tuple(range(1, 9))
@@ -52,7 +53,8 @@ class Grid:
     kv_gib: float | None = None
     """KV-cache memory in GiB for every profile instead of what the profile's card leaves."""
     features: tuple[str, ...] = ("default",)
-    """Sets of scheduler parts (``Features.parse``), each run under every policy."""
+    """Sets of scheduler parts (``Features.parse``), each run under every policy of ours; the baselines
+    (``BASELINES``: what a vLLM user gets without us) run once, without any."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -87,7 +89,8 @@ def isolated_responses(profile: HardwareProfile, catalog: TraceCatalog, skills: 
 def run_grid(grid: Grid, jobs: int = 1) -> dict:
     """Run every point of ``grid``; ``jobs`` worker processes."""
     points = [(hw, agents, cap, policy, features) for hw in grid.hw for cap in grid.caps
-              for agents in grid.agents for policy in grid.policies for features in grid.features]
+              for agents in grid.agents for policy in grid.policies
+              for features in (("none",) if policy in BASELINES else grid.features)]
     started = time.perf_counter()
     results = []
     with ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
@@ -130,7 +133,7 @@ def _run_point(job: tuple[Grid, tuple[str, int, int | None, str, str]]) -> dict:
     ends = [s["exec_end"] for r in records for s in r["segments"] if s["exec_end"] is not None]
     return {
         "hw": profile.name, "agents": agents, "cap": cap, "policy": policy, "features": parts.label(),
-        "series": policy if len(grid.features) == 1 else f"{policy} [{parts.label()}]",
+        "series": policy if len(grid.features) == 1 or policy in BASELINES else f"{policy} [{parts.label()}]",
         "events_per_second": EVENTS_PER_AGENT * agents, "requests": len(records),
         "summary": result["summary"],
         "isolated_response": {c: statistics.fmean(v) for c, v in sorted(by_category.items())},
