@@ -321,6 +321,7 @@ class Server:
     # ----- engine output -----
 
     def _process(self, out: StepOutput, now: float) -> None:
+        self._count_preemptions(out)
         for gen_id, info in out.started.items():
             if gen_id in self.running:
                 self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
@@ -331,6 +332,13 @@ class Server:
             request = self.running.get(gen_id)
             if request is not None:
                 self._consume(request, out.new_tokens.get(gen_id, []), gen_id in out.finished, now)
+
+    def _count_preemptions(self, out: StepOutput) -> None:
+        """The engine's own recompute preemptions (what memory-safe admission avoids)."""
+        if out.preempted:
+            self.counters["preemptions"] += len(out.preempted)
+        if out.recomputed_tokens:
+            self.counters["recomputed_tokens"] += out.recomputed_tokens
 
     def _consume(self, request: Request, tokens: list[int], finished: bool, now: float) -> None:
         request.output_ids.extend(tokens)

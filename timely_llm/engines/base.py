@@ -86,6 +86,10 @@ class StepOutput:
     """gen_id -> cause, for generations the engine could not run."""
     started: dict[str, ResumeInfo] = field(default_factory=dict)
     """gen_id -> cache report, for generations whose context was (re)built this step."""
+    preempted: list[str] = field(default_factory=list)
+    """Generations the engine preempted this step to free KV memory (their KV dropped, recomputed later)."""
+    recomputed_tokens: int = 0
+    """Tokens prefilled again this step because a preemption had dropped their KV."""
 
 
 class Engine(ABC):

@@ -23,6 +23,8 @@ class _Generation:
     spec: GenerationSpec
     output: list[int]
     prefilled: bool = False
+    preempted: bool = False
+    """Its KV was dropped by a preemption: the next prefill recomputes it."""
 
     @property
     def context(self) -> list[int]:
@@ -79,7 +81,7 @@ class SimEngine(Engine):
         prefills: list[tuple[int, int]] = []
         decode_contexts: list[int] = []
         scheduled: list[_Generation] = []
-        preempted: set[str] = set()
+        preempted: dict[str, None] = {}  # in preemption order
         for gen in list(self._running.values()):
             if gen.spec.gen_id in preempted:
                 continue
@@ -88,12 +90,16 @@ class SimEngine(Engine):
                 if info is None:
                     continue
                 out.started[gen.spec.gen_id] = info
+                if gen.preempted:
+                    gen.preempted = False
+                    out.recomputed_tokens += info.context_tokens - info.cached_tokens
                 prefills.append((max(info.context_tokens - info.cached_tokens, 1), info.context_tokens))
             elif not self._grow(gen, preempted):
                 continue
             else:
                 decode_contexts.append(len(gen.context))
             scheduled.append(gen)
+        out.preempted = list(preempted)
         if scheduled:
             out.duration = self.profile.step_time(prefills, decode_contexts)
         for gen in scheduled:
@@ -114,7 +120,7 @@ class SimEngine(Engine):
         cached = min(cached, len(context) - 1)
         return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < cacheable)
 
-    def _grow(self, gen: _Generation, preempted: set[str]) -> bool:
+    def _grow(self, gen: _Generation, preempted: dict[str, None]) -> bool:
         """Write the last token's KV; preempt the newest generation when no block is free."""
         while True:
             try:
@@ -124,11 +130,12 @@ class SimEngine(Engine):
                 victim = self._victim(preempted)
                 self.blocks.release(victim.spec.gen_id)
                 victim.prefilled = False
-                preempted.add(victim.spec.gen_id)
+                victim.preempted = True
+                preempted[victim.spec.gen_id] = None
                 if victim is gen:
                     return False
 
-    def _victim(self, preempted: set[str]) -> _Generation:
+    def _victim(self, preempted: dict[str, None]) -> _Generation:
         """vLLM's choice: the lowest-priority running generation, the latest started among equals
         (so under FCFS, where every priority is 0, simply the latest started)."""
         candidates = [g for g in reversed(self._running.values()) if g.prefilled and g.spec.gen_id not in preempted]

@@ -58,6 +58,8 @@ class _Generation:
     starts: int = 0
     context_tokens: int = 0
     awaiting_first_output: bool = False
+    preemptions: int = 0
+    """vLLM's preemptions of the live request seen so far."""
 
 
 class VllmEngine(Engine):
@@ -150,6 +152,7 @@ class VllmEngine(Engine):
             gen_id = self._by_request.get(out.request_id)
             if gen_id is not None:
                 self._record(self._gens[gen_id], out, result)
+        self._record_preemptions(result)
         return result
 
     def free_kv_blocks(self) -> int:
@@ -238,6 +241,18 @@ class VllmEngine(Engine):
             else:
                 result.failed[gen_id] = f"vLLM ended the request: {reason}"
 
+    def _record_preemptions(self, result: StepOutput) -> None:
+        """vLLM's own recompute preemptions this step. vLLM does not say how much of a preempted
+        request's context its prefix cache serves back, so the recomputed tokens counted are all
+        the tokens it held (an upper bound)."""
+        requests = self._scheduler().requests
+        for gen_id, gen in self._gens.items():
+            request = requests.get(gen.request_id) if gen.request_id is not None else None
+            if request is not None and request.num_preemptions > gen.preemptions:
+                gen.preemptions = request.num_preemptions
+                result.preempted.append(gen_id)
+                result.recomputed_tokens += request.num_tokens
+
     def _resume_info(self, gen: _Generation, cached: int) -> ResumeInfo:
         # vLLM always recomputes the last context token, so a full hit covers the
         # full blocks of context_tokens - 1.
@@ -256,8 +271,10 @@ class VllmEngine(Engine):
         return result
 
     def _block_pool(self) -> Any:
-        core = self._engine.engine_core.engine_core
-        return core.scheduler.kv_cache_manager.block_pool
+        return self._scheduler().kv_cache_manager.block_pool
+
+    def _scheduler(self) -> Any:
+        return self._engine.engine_core.engine_core.scheduler
 
 
 def _model_args(model: str | Path | None) -> dict[str, Any]:
