@@ -18,6 +18,10 @@ def check_record(rec, latency):
         assert s["exec_end"] >= s["exec_start"]
         if i:
             assert s["exec_start"] >= segs[i - 1]["exec_end"] - EPS
+        assert s["tokens"] >= 0
+        if s["tokens"]:  # G(s) as predicted when the segment's generation started
+            assert s["predicted_gen_time"] > 0
+    assert sum(s["tokens"] for s in segs) <= rec["output_tokens"]
     arrival = rec["arrival"]
     assert rec["response_time"] == pytest.approx(segs[0]["exec_start"] - arrival)
     assert rec["completion_time"] == pytest.approx(segs[-1]["exec_end"] - arrival)

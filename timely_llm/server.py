@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.core.batch import BatchController
+from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.grammar import plan_grammar
@@ -88,7 +89,8 @@ class Server:
                  default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  on_segment: Callable[[Request, Segment], None] | None = None,
                  on_finish: Callable[[Request], None] | None = None,
-                 features: Features = DEFAULT_FEATURES) -> None:
+                 features: Features = DEFAULT_FEATURES, estimator: ExecutionTimeEstimator | None = None) -> None:
+        """``estimator``: the engine's step-time model, needed by the ``timebill`` feature."""
         self.engine = engine
         self.features = features
         self.robots = robots
@@ -96,11 +98,20 @@ class Server:
         self.clock = clock
         self.network_latency = network_latency
         self.default_max_new_tokens = default_max_new_tokens
-        self.queue = GenerationQueue(make_policy(policy.priority, network_latency))
+        self.times: SegmentTimes | None = None
+        """TimeBill's G(s) and WCET (the ``timebill`` feature); None: the robots' profiled constants."""
+        if features.timebill:
+            if estimator is None:
+                raise ValueError("the timebill feature needs an execution-time estimator (a hardware profile)")
+            self.times = SegmentTimes(estimator, robots, engine.block_size)
+        self.queue = GenerationQueue(make_policy(policy.priority, network_latency),
+                                     self.times.queue_terms if self.times else None)
         max_batch = max_batch or DEFAULT_MAX_BATCH
         if engine.max_batch is not None:  # more would only wait inside the engine, out of our scheduling
             max_batch = min(max_batch, engine.max_batch)
         self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency)
+        if self.times:
+            self.batch.wcet_model = self.times.wcet
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
         self.requests: dict[str, Request] = {}
@@ -179,6 +190,7 @@ class Server:
                 return False
             started = self.clock.now()
             batch = len(self.running)
+            kv_tokens = sum(r.context_tokens for r in self.running.values()) if self.times else 0
             try:
                 out = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - an engine crash ends its requests, not the loop
@@ -190,6 +202,8 @@ class Server:
         with self.lock:
             if out.duration > 0:
                 self.batch.record_step(out.duration, batch, prefill=bool(out.started))
+                if self.times:
+                    self.times.record_step(out.duration, batch, kv_tokens)
             self._process(out, self.clock.now())
         return True
 
@@ -201,6 +215,8 @@ class Server:
         """
         gen_id = f"warm-{len(prompt_ids)}-{hash(tuple(prompt_ids)) & 0xFFFF:x}"
         with self.lock:
+            if self.times:
+                self.times.warmed(prompt_ids)
             self.engine.start(GenerationSpec(gen_id, list(prompt_ids), max_new_tokens=1, forced_ids=[]))
             while True:
                 started = self.clock.now()
@@ -232,6 +248,10 @@ class Server:
         suspended early when a more urgent generation needs the room or memory it holds.
         """
         now = self.clock.now()
+        started: list[tuple[Request, int]] = []
+        if self.times:
+            self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
+            self.queue.token_time = self.times.token_time()
         while len(self.queue) > 0:
             request = self.queue.best(now)
             parked = request.id in self.parked
@@ -242,11 +262,26 @@ class Server:
                     break
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
                 continue
+            uncached = self.times.uncached_tokens(request) if self.times else 0
             if parked:
                 self._keep_running(request)
             else:
                 self._run(request, now)
+            started.append((request, uncached))
         self._suspend_parked()
+        self._predict_gen_times(started)
+
+    def _predict_gen_times(self, started: list[tuple[Request, int]]) -> None:
+        """G(s) of each segment whose generation (re)started at this scheduling point, for the records."""
+        if self.times and started:
+            self.times.join([r.context_tokens for r in self.running.values()], None)
+        for request, uncached in started:
+            if request.status is not Status.RUNNING:
+                continue  # the engine rejected it
+            if self.times:
+                request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
+            else:
+                request.seg_predicted = request.robot.segment_generation_time
 
     def _suspend_parked(self) -> None:
         for request in list(self.parked.values()):
@@ -290,6 +325,8 @@ class Server:
         del self.parked[request.id]
         self.engine.suspend(request.id)
         request.seg_gen_start = None
+        if self.times:  # its G(s) now includes the resume prefill
+            self.queue.update(request)
 
     def _generated(self, request: Request) -> None:
         """RUNNING -> GENERATED: the plan is complete; the engine forgets the generation."""
@@ -381,12 +418,17 @@ class Server:
         cached, evicted = request.last_start_cache or (None, False)
         segment = Segment(len(request.segments), text, robot.find_calls(text),
                           gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
-                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final)
+                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
+                          tokens=request.seg_tokens, predicted_gen_time=request.seg_predicted)
+        if self.times:
+            self.times.observe(request, segment.index, segment.tokens)
         request.segments.append(segment)
         request.prev_end_est = start_est + estimate
         request.seg_tokens = 0
         request.seg_gen_start = now
         request.last_start_cache = None
+        if self.times:  # generation goes on unless it is parked (then the scheduling point predicts again)
+            request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
         self.on_segment(request, segment)
 
     def _set_prev_end(self, request: Request, exec_end: float) -> None:

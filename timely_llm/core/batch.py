@@ -8,7 +8,7 @@ per-iteration limit, so admissions keep up with resumes at any load.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from timely_llm.core.request import Request
 
@@ -77,6 +77,8 @@ class BatchController:
         self.max_batch = max_batch
         self.network_latency = network_latency
         self.steps = step_model or StepModel()
+        self.wcet_model: Callable[[Request, int], float] | None = None
+        """When set (TimeBill), a segment's worst case comes from it instead of the recent-step rule."""
 
     def record_step(self, duration: float, batch: int, prefill: bool = False) -> None:
         """One engine iteration over ``batch`` generations; prefill steps do not measure decoding."""
@@ -89,10 +91,13 @@ class BatchController:
     def budget(self, request: Request, now: float) -> float:
         return request.dispatch_deadline(self.network_latency) - now
 
-    def wcet(self, request: Request, batch: int) -> float:
-        """Worst-case time for ``request`` to finish its current segment in a batch of ``batch``."""
+    def wcet(self, request: Request, batch: int, step: float | None = None) -> float:
+        """Worst-case time for ``request`` to finish its current segment in a batch of ``batch``
+        (``step``: the step time at that batch, when the caller has it already)."""
+        if self.wcet_model is not None:
+            return self.wcet_model(request, batch)
         left = max(request.robot.segment_max_tokens - request.seg_tokens, 1)
-        return left * self.step_time(batch)
+        return left * (self.step_time(batch) if step is None else step)
 
     def has_room(self, running: int) -> bool:
         return self.max_batch is None or running < self.max_batch
@@ -111,9 +116,9 @@ class BatchController:
             budget = self.budget(r, now)
             if due is not None and budget >= due:
                 continue  # only a more urgent generation (earlier deadline) vetoes
-            left = max(r.robot.segment_max_tokens - r.seg_tokens, 1)
-            if left * step_now <= budget < left * step_grown:
-                if due is not None and due - left * step_now < own:
+            wcet_now, wcet_grown = self.wcet(r, n, step_now), self.wcet(r, n + 1, step_grown)
+            if wcet_now <= budget < wcet_grown:
+                if due is not None and due - wcet_now < own:
                     continue  # waiting for it would make the newcomer late too: no gain in refusing
                 return False
         return True

@@ -14,7 +14,8 @@ import numpy as np
 class QueueColumns:
     """Per-generation scheduling parameters, one numpy column each."""
 
-    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "prev_end", "gen_time")
+    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "prev_end", "gen_time", "gen_fixed", "gen_tokens")
+    """``gen_time`` is G(s); the queue may derive it from its terms: gen_fixed + gen_tokens x a token time."""
 
     def __init__(self, capacity: int = 64) -> None:
         self.size = 0
@@ -73,7 +74,8 @@ class PUD(PriorityPolicy):
     """Potential utility density scaled by slack (Eq. 4), and the loss rate once late.
 
     For a segment whose generation would start now, its action starts at
-    ``now + G + network`` (G the profiled segment generation time). W is that start
+    ``now + G + network`` (G the segment generation time: the robot's profiled
+    constant, or TimeBill's per-generation estimate). W is that start
     minus the request's arrival (first segment) or minus the estimated end of the
     previous segment's execution (later segments, TUF_1 with ERT = 0). L, the slack,
     is the time from that start to the segment's deadline (arrival + ERT, or the

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from timely_llm.core.priority import PriorityPolicy, QueueColumns
 from timely_llm.core.request import Request
 
+GenTerms = Callable[[Request], tuple[float, float]]
+"""A queued generation's G(s) as (fixed seconds, expected tokens): G = fixed + tokens x the token time."""
+
 
 class GenerationQueue:
-    def __init__(self, policy: PriorityPolicy) -> None:
+    def __init__(self, policy: PriorityPolicy, gen_terms: GenTerms | None = None) -> None:
+        """``gen_terms`` estimates each generation's G(s) (default: its robot's profiled constant)."""
         self.policy = policy
+        self.gen_terms = gen_terms or _profiled_gen_time
+        self.token_time: float | None = None
+        """Seconds per token in the batch a queued generation would join; when set, every row's G is
+        recomputed from its terms at each fetch (one vector operation, however long the queue)."""
         self._columns = QueueColumns()
         self._requests: list[Request] = []
         self._slot: dict[str, int] = {}
@@ -27,12 +37,12 @@ class GenerationQueue:
     def push(self, request: Request) -> None:
         if request.id in self._slot:
             raise ValueError(f"{request.id} is already queued")
-        self._slot[request.id] = self._columns.append(_row(request))
+        self._slot[request.id] = self._columns.append(self._row(request))
         self._requests.append(request)
 
     def update(self, request: Request) -> None:
         """Rewrite a queued request's row in place after its scheduling parameters changed."""
-        self._columns.set(self._slot[request.id], _row(request))
+        self._columns.set(self._slot[request.id], self._row(request))
 
     def remove(self, request_id: str) -> Request:
         slot = self._slot.pop(request_id)
@@ -48,12 +58,21 @@ class GenerationQueue:
         """The highest-priority generation at ``now``."""
         if not self._requests:
             return None
+        if self.token_time is not None:
+            cols = self._columns
+            cols.column("gen_time")[:] = cols.column("gen_fixed") + cols.column("gen_tokens") * self.token_time
         scores = self.policy.scores(self._columns, now)
         return self._requests[int(np.argmax(scores))]
 
 
-def _row(request: Request) -> tuple[float, ...]:
-    """The request's values for ``QueueColumns.NAMES``."""
-    tuf = request.tuf
-    return (request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
-            request.prev_end_est, request.robot.segment_generation_time)
+    def _row(self, request: Request) -> tuple[float, ...]:
+        """The request's values for ``QueueColumns.NAMES``."""
+        tuf = request.tuf
+        fixed, tokens = self.gen_terms(request)
+        gen_time = fixed + tokens * self.token_time if self.token_time is not None else fixed
+        return (request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
+                request.prev_end_est, gen_time, fixed, tokens)
+
+
+def _profiled_gen_time(request: Request) -> tuple[float, float]:
+    return request.robot.segment_generation_time, 0.0

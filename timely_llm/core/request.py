@@ -103,12 +103,17 @@ class Segment:
     evicted: bool = False
     final: bool = False
     """The plan's last segment."""
+    tokens: int = 0
+    """Tokens generated for this segment."""
+    predicted_gen_time: float | None = None
+    """G(s) predicted when the segment's generation started (compare with gen_end - gen_start)."""
 
     def to_dict(self) -> dict:
         return {
             "index": self.index, "text": self.text, "gen_start": self.gen_start, "gen_end": self.gen_end,
             "exec_start": self.exec_start, "exec_end": self.exec_end,
             "est_exec_time": self.est_exec_time, "cached_tokens": self.cached_tokens, "evicted": self.evicted,
+            "tokens": self.tokens, "predicted_gen_time": self.predicted_gen_time,
         }
 
 
@@ -133,6 +138,10 @@ class Request:
     seg_tokens: int = 0
     """Tokens generated for the segment in progress."""
     seg_gen_start: float | None = None
+    seg_predicted: float | None = None
+    """G(s) predicted for the segment in progress when its generation (re)started."""
+    task_key: int | None = None
+    """Hash of the prompt (set by TimeBill's length predictor): requests for the same task share a history."""
     prev_end_est: float = 0.0
     """Estimated end of the previous segment's execution (for k > 0)."""
     last_start_cache: tuple[int, bool] | None = None

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from timely_llm.clock import VirtualClock, WallClock
+from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment
@@ -85,14 +86,25 @@ class EngineSetup:
     name: str
     new_engine: Callable[[], Engine]
     new_clock: Callable[[], VirtualClock | WallClock]
+    profile: HardwareProfile | None = None
+    """The engine's step-time model, for TimeBill's estimator (the simulator's own profile, or one
+    ``timely-llm profile`` fitted to the real engine)."""
 
     @classmethod
     def simulator(cls, profile: HardwareProfile) -> EngineSetup:
-        return cls(profile.name, lambda: SimEngine(profile), VirtualClock)
+        return cls(profile.name, lambda: SimEngine(profile), VirtualClock, profile)
 
     @classmethod
-    def real(cls, name: str, engine: Engine) -> EngineSetup:
-        return cls(name, lambda: engine, WallClock)
+    def real(cls, name: str, engine: Engine, profile: HardwareProfile | None = None) -> EngineSetup:
+        return cls(name, lambda: engine, WallClock, profile)
+
+    def estimator(self, features: Features) -> ExecutionTimeEstimator | None:
+        if not features.timebill:
+            return None
+        if self.profile is None:
+            raise ValueError(f"the timebill feature needs a step-time profile of {self.name} "
+                             "(fit one with timely-llm profile)")
+        return ExecutionTimeEstimator.from_profile(self.profile)
 
 
 def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,
@@ -123,11 +135,13 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
 def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup: EngineSetup,
          skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None,
          features: Features) -> tuple[list[dict], int, dict[str, int]]:
+    estimator = setup.estimator(features)
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
     server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, max_batch,
-                    on_finish=lambda r: records.append(Outcome.of(r).to_record()), features=features)
+                    on_finish=lambda r: records.append(Outcome.of(r).to_record()), features=features,
+                    estimator=estimator)
     sim = Simulation(server, clock)
     robots = SimulatedRobots(skills, workload.network_latency, seed, sim.schedule, server.segment_done)
     server.on_segment = robots.on_segment

@@ -1,0 +1,174 @@
+"""TimeBill's execution-time estimator, segment-length predictor and G(s) in the scheduler."""
+
+import statistics
+
+import pytest
+
+from timely_llm.clock import VirtualClock
+from timely_llm.core.estimator import (
+    PESSIMISTIC_FACTOR,
+    ExecutionTimeEstimator,
+    SegmentLengths,
+    SegmentTimes,
+)
+from timely_llm.core.features import Features
+from timely_llm.core.priority import PUD
+from timely_llm.core.queue import GenerationQueue
+from timely_llm.core.request import Request, Status
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import NORMAL_TUF
+from timely_llm.engines.base import GenerationSpec
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.sim import SimEngine
+from timely_llm.evaluation.harness import EngineSetup, run_bench
+from timely_llm.evaluation.profile_fit import fit_profile
+from timely_llm.server import POLICIES, Server
+from timely_llm.workloads.generator import WorkloadSpec, generate
+from timely_llm.workloads.traces import load_catalog
+
+SKILLS = load_skill_models()
+CATALOG = load_catalog()
+TELLO = SKILLS["tello"]
+PROFILE = load_profile("rtx4090-llama3-8b")
+ESTIMATOR = ExecutionTimeEstimator.from_profile(PROFILE)
+
+
+def request(rid, prompt_len=100, output=0, robot=TELLO, prompt=None):
+    r = Request(rid, "a", robot, NORMAL_TUF, 0.0, prompt or [7] * prompt_len, 64)
+    r.output_ids = [3] * output
+    return r
+
+
+def test_least_squares_fit_recovers_known_coefficients():
+    truth = ExecutionTimeEstimator(a=3e-9, b=8e-5, c=0.02, s=5e-4, p=2e-7)
+    prefills = [n for n in (32, 128, 512, 1024, 2048)]
+    decodes = [(b, ctx) for b in (1, 2, 8, 16) for ctx in (200, 900)]
+    samples = [([(n, n)], [], truth.prefill_time(n)) for n in prefills]
+    samples += [([], [ctx] * b, truth.decode_step(b, b * ctx)) for b, ctx in decodes]
+    fitted = ExecutionTimeEstimator.from_profile(fit_profile(samples, "fit", PROFILE.memory, 4096))
+    for name in ("a", "b", "c", "s", "p"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
+    n = 700
+    assert fitted.prefill_time(n) == pytest.approx(fitted.a * n * n + fitted.b * n + fitted.c)
+    assert fitted.decode_step(1, 900) == pytest.approx(fitted.p * 900 + fitted.q)
+
+
+def test_estimator_predicts_the_simulators_steps():
+    engine = SimEngine(PROFILE)
+    engine.start(GenerationSpec("g", list(range(10, 610)), max_new_tokens=8, forced_ids=[5] * 8))
+    assert engine.step().duration == pytest.approx(ESTIMATOR.prefill_time(600))
+    for i in range(3):
+        engine.start(GenerationSpec(f"h{i}", list(range(1000 + 300 * i, 1300 + 300 * i)), max_new_tokens=8,
+                                    forced_ids=[5] * 8))
+    engine.step()  # their prefill
+    out = engine.step()  # four decoding, each over its context so far (prompt + tokens generated)
+    assert out.duration == pytest.approx(ESTIMATOR.decode_step(4, 602 + 3 * 301))
+
+
+def test_segment_lengths_start_from_the_skill_model_and_learn_online():
+    lengths = SegmentLengths(SKILLS)
+    assert lengths.expected("tello", 0) == TELLO.segment_max_tokens / 2  # the prior
+    for tokens in (4, 4, 3, 8):
+        lengths.observe("tello", 0, tokens)
+    assert lengths.expected("tello", 0) == pytest.approx(11 / 3)  # the commonest class (3-4 tokens), its mean
+    assert lengths.expected("tello", 1) == TELLO.segment_max_tokens / 2  # another index: still the prior
+    lengths.observe("tello", 9, 12)
+    assert lengths.expected("tello", 5) == 12  # late indices share one class
+    # A task seen before is predicted from its own history; an unseen one from its robot's.
+    lengths.observe("tello", 0, 8, task=42)
+    assert lengths.expected("tello", 0, task=42) == 8
+    assert lengths.expected("tello", 0, task=43) == pytest.approx(11 / 3)
+    assert lengths.worst("tello", 0, task=42) == TELLO.segment_max_tokens  # min(k * 8, N_max)
+    assert lengths.worst("tello", 0, k=2) == pytest.approx(22 / 3)
+
+
+def test_uncached_tokens_of_waiting_suspended_and_running_generations():
+    times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
+    prefix = list(range(100, 300))  # 200 tokens: 12 full blocks
+    times.warmed(prefix)
+    waiting = request("w", prompt=prefix + [1] * 50)
+    assert times.uncached_tokens(waiting) == 250 - 192
+    assert times.uncached_tokens(request("cold", prompt=[1] * 250)) == 250  # shares no warmed prefix
+    suspended = request("s", prompt_len=250, output=12)
+    for status in (Status.RUNNING, Status.PARKED):
+        suspended.advance(status)
+        assert times.uncached_tokens(suspended) == 0
+    suspended.advance(Status.SUSPENDED)
+    assert times.uncached_tokens(suspended) == 262 - 256
+
+
+def test_g_is_resume_prefill_plus_expected_tokens_times_the_step():
+    times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
+    times.join([900] * 3, max_batch=8)
+    r = request("r", prompt_len=900)
+    uncached = times.uncached_tokens(r)
+    step = ESTIMATOR.decode_step(4, 4 * 900)
+    expected = ESTIMATOR.prefill_extra(uncached, 900) + TELLO.segment_max_tokens / 2 * step
+    assert times.gen_time(r, uncached, batch=4) == pytest.approx(expected)
+    prefill, tokens = times.queue_terms(r)
+    assert prefill + tokens * times.token_time() == pytest.approx(expected)  # the batch it would join: 4
+    times.join([900] * 8, max_batch=8)
+    assert times.token_time() == pytest.approx(ESTIMATOR.decode_step(8, 8 * 900))  # full: it joins a batch of 8
+
+
+def test_wcet_uses_the_pessimistic_length_and_the_estimator():
+    times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
+    r = request("r", prompt_len=900)
+    r.advance(Status.RUNNING)
+    r.seg_tokens = 2
+    for _ in range(3):
+        times.observe(r, 0, 1)  # tiny segments: k * 1 = 5 < N_max = 10
+    step = ESTIMATOR.decode_step(3, 3 * 900)
+    assert times.wcet(r, 3) == pytest.approx((PESSIMISTIC_FACTOR - 2) * step)
+    with pytest.raises(ValueError, match="pessimistic factor"):
+        SegmentTimes(ESTIMATOR, SKILLS, 16, k=0.5)
+
+
+def test_g_reaches_pud_and_ranks_the_shorter_segment_first():
+    times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
+    queue = GenerationQueue(PUD(0.008), times.queue_terms)
+    long_task, short_task = request("long", prompt=[1] * 64), request("short", prompt=[2] * 64)
+    times.observe(long_task, 0, 16)
+    times.observe(short_task, 0, 2)
+    queue.push(long_task)
+    queue.push(short_task)
+    queue.token_time = times.token_time()
+    assert queue.best(0.0) is short_task
+    gen_time = dict(zip(("long", "short"), queue._columns.column("gen_time"), strict=True))
+    assert gen_time["long"] > 4 * gen_time["short"]
+    plain = GenerationQueue(PUD(0.008))  # off: every drone segment takes the profiled constant
+    plain.push(long_task)
+    assert list(plain._columns.column("gen_time")) == [TELLO.segment_generation_time]
+
+
+def workload(seed=0):
+    return generate(WorkloadSpec("mini", 0.3, 8, tuple(range(1, 12)), 20, 40.0), CATALOG, SKILLS, seed)
+
+
+def gen_time_errors(result):
+    errors = []
+    for rec in result["requests"]:
+        for s in rec["segments"]:
+            actual = s["gen_end"] - s["gen_start"]
+            if s["tokens"] and actual > 0:
+                errors.append(abs(s["predicted_gen_time"] - actual) / actual)
+    return errors
+
+
+def test_timebill_predicts_the_simulators_segment_times_and_off_keeps_the_constant():
+    on = run_bench(workload(), "timelyllm", PROFILE, SKILLS, CATALOG, max_batch=8, features=Features(timebill=True))
+    off = run_bench(workload(), "timelyllm", PROFILE, SKILLS, CATALOG, max_batch=8, features=Features())
+    constants = {s["predicted_gen_time"] for r in off["requests"] for s in r["segments"] if s["tokens"]}
+    assert constants == {TELLO.segment_generation_time, SKILLS["arm"].segment_generation_time}
+    assert len(gen_time_errors(on)) > 50
+    assert statistics.median(gen_time_errors(on)) < 0.15 < statistics.median(gen_time_errors(off))
+    assert all(r["status"] == "succeeded" for r in on["requests"])
+
+
+def test_timebill_needs_an_estimator():
+    engine = SimEngine(PROFILE)
+    with pytest.raises(ValueError, match="estimator"):
+        Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), features=Features(timebill=True))
+    setup = EngineSetup("real", lambda: engine, VirtualClock)
+    with pytest.raises(ValueError, match="timely-llm profile"):
+        run_bench(workload(), "timelyllm", setup, SKILLS, CATALOG, features=Features(timebill=True))
