@@ -2,6 +2,7 @@
 
 import pytest
 
+from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.workloads.traces import load_catalog
 
 CATALOG = load_catalog()
@@ -30,4 +31,18 @@ def check_record(rec, latency):
     tuf = rec["tuf"]
     expected = min(tuf["beta"], tuf["alpha"] * (rec["response_time"] - tuf["ert"]) + tuf["beta"])
     assert rec["utility"] == pytest.approx(expected)
-    assert "".join(s["text"] for s in segs) == CATALOG[rec["trace"]].plan
+    assert not rec["shed"]
+    if rec["infeasible_at"] is not None:  # kept waiting after the robot was told: served past its cut-off
+        assert rec["utility"] < 0
+    if rec["skipped_segments"] == 0:  # skip-next sends only part of the plan
+        assert "".join(s["text"] for s in segs) == CATALOG[rec["trace"]].plan
+
+
+def check_shed_record(rec, generation_time, latency):
+    """A request overload control ended: told when even served at once its utility was below zero."""
+    assert rec["status"] == "aborted" and rec["reason"] == INFEASIBLE_REASON and rec["shed"]
+    assert rec["segments"] == [] and rec["utility"] is None and rec["response_time"] is None
+    assert rec["infeasible_at"] >= rec["arrival"]
+    assert rec["best_response"] == pytest.approx(rec["infeasible_at"] + generation_time + latency - rec["arrival"])
+    tuf = rec["tuf"]
+    assert min(tuf["beta"], tuf["alpha"] * (rec["best_response"] - tuf["ert"]) + tuf["beta"]) < 0

@@ -28,6 +28,15 @@ from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.overload import (
+    INFEASIBLE_REASON,
+    OVERRUN_KILL,
+    OVERRUN_NONE,
+    OVERRUN_STRATEGIES,
+    DueHeap,
+    infeasible_at,
+    segment_deadline,
+)
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
@@ -81,6 +90,11 @@ class PlanRequest:
     """When the request reached the server; defaults to the time of ``submit``."""
     constrained: bool = True
     """Generate within the robot's plan grammar (unless forced: a replayed plan needs none)."""
+    keep_if_infeasible: bool = False
+    """Overload control (features.shed): once its deadline cannot be met, keep waiting (told through
+    ``on_infeasible``) instead of ending aborted."""
+    overrun: str = OVERRUN_NONE
+    """What to do with a segment that overruns its deadline: none, kill or skip-next (core/overload.py)."""
 
 
 class Server:
@@ -89,7 +103,8 @@ class Server:
                  default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  on_segment: Callable[[Request, Segment], None] | None = None,
                  on_finish: Callable[[Request], None] | None = None,
-                 features: Features = DEFAULT_FEATURES, estimator: ExecutionTimeEstimator | None = None) -> None:
+                 features: Features = DEFAULT_FEATURES, estimator: ExecutionTimeEstimator | None = None,
+                 on_infeasible: Callable[[Request], None] | None = None) -> None:
         """``estimator``: the engine's step-time model, needed by the ``timebill`` feature."""
         self.engine = engine
         self.features = features
@@ -114,6 +129,8 @@ class Server:
             self.batch.wcet_model = self.times.wcet
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
+        self.on_infeasible = on_infeasible or (lambda request: None)
+        """Told when a request that opted to keep waiting can no longer get utility >= 0."""
         self.requests: dict[str, Request] = {}
         self.running: dict[str, Request] = {}
         self.parked: dict[str, Request] = {}
@@ -121,6 +138,10 @@ class Server:
         self.lock = threading.RLock()
         self.counters: Counter[str] = Counter()
         """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
+        self._infeasible: DueHeap[Request] = DueHeap()
+        """First segments not yet generated, by the time they become infeasible (features.shed)."""
+        self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
+        """(request, segments done) of requests with an overrun strategy, by that segment's deadline."""
 
     # ----- called by robots and front ends (any thread) -----
 
@@ -136,9 +157,11 @@ class Server:
                 forced_ids=plan.forced_ids, category=plan.category, trace=plan.trace,
                 grammar=plan_grammar(robot) if plan.constrained and plan.forced_ids is None else None,
                 detok=IncrementalDetokenizer(self.engine.tokenizer.decode), segmenter=Segmenter(robot),
+                keep_if_infeasible=plan.keep_if_infeasible, overrun=plan.overrun,
             )
             self.requests[request.id] = request
             self.queue.push(request)
+            self._watch(request, self.clock.now())
         self.clock.wake()
         return request
 
@@ -239,6 +262,8 @@ class Server:
             raise RequestRejected("empty prompt")
         if plan.max_new_tokens < 0:
             raise RequestRejected(f"max_new_tokens must be >= 0, got {plan.max_new_tokens}")
+        if plan.overrun not in OVERRUN_STRATEGIES:
+            raise RequestRejected(f"unknown overrun strategy {plan.overrun!r} (known: {', '.join(OVERRUN_STRATEGIES)})")
 
     def _schedule(self) -> None:
         """Fill the batch from the queue in priority order, as far as the batch controller allows.
@@ -248,6 +273,7 @@ class Server:
         suspended early when a more urgent generation needs the room or memory it holds.
         """
         now = self.clock.now()
+        self._control_overload(now)
         started: list[tuple[Request, int]] = []
         if self.times:
             self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
@@ -282,6 +308,67 @@ class Server:
                 request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
             else:
                 request.seg_predicted = request.robot.segment_generation_time
+
+    # ----- overload control (core/overload.py) -----
+
+    def _watch(self, request: Request, now: float) -> None:
+        """A new request: shed it now if it is already infeasible, else note when it will be."""
+        if self.features.shed:
+            self._infeasible.push(self._infeasible_time(request), request)
+        if request.overrun != OVERRUN_NONE:
+            self._watch_segment(request)
+        self._control_overload(now)
+
+    def _infeasible_time(self, request: Request) -> float:
+        return infeasible_at(request.arrival, request.tuf.cutoff, request.robot.segment_generation_time,
+                             self.network_latency)
+
+    def _watch_segment(self, request: Request) -> None:
+        self._overruns.push(self._segment_deadline(request), (request, self._segments_done(request)))
+
+    def _segment_deadline(self, request: Request) -> float:
+        tuf = request.tuf
+        first = not request.segments and not request.skipped_segments
+        return segment_deadline(first, request.arrival, request.prev_end_est, tuf.cutoff,
+                                tuf.alpha, tuf.beta, self.network_latency)
+
+    @staticmethod
+    def _segments_done(request: Request) -> int:
+        return len(request.segments) + request.skipped_segments
+
+    def _control_overload(self, now: float) -> None:
+        """Tell robots whose deadline can no longer be met, and apply overrun strategies that fell due."""
+        for request in self._infeasible.pop_due(now):
+            if request.status is Status.WAITING and not request.segments:
+                self._infeasible_now(request, now)
+            elif request.status is Status.RUNNING and not request.segments:
+                self._infeasible.push(now, request)  # being served: shed only if it returns to the queue unserved
+        for request, done in self._overruns.pop_due(now):
+            if request.status.ended or request.finished_generating or self._segments_done(request) != done:
+                continue  # gone, or that segment came out (its successor is watched)
+            deadline = self._segment_deadline(request)
+            if deadline >= now:  # moved later (the robot reported the previous segment's real end)
+                self._overruns.push(deadline, (request, done))
+            else:
+                self._overrun(request, done)
+
+    def _infeasible_now(self, request: Request, now: float) -> None:
+        request.infeasible_at = now
+        request.best_response = now + request.robot.segment_generation_time + self.network_latency - request.arrival
+        if request.keep_if_infeasible:
+            self.counters["infeasible_kept"] += 1
+            self.on_infeasible(request)
+            return
+        request.shed = True
+        self.counters["shed"] += 1
+        self._finish(request, Status.ABORTED, INFEASIBLE_REASON)
+
+    def _overrun(self, request: Request, index: int) -> None:
+        if request.overrun == OVERRUN_KILL:
+            self.counters["overruns_killed"] += 1
+            self._finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
+        else:
+            request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
 
     def _suspend_parked(self) -> None:
         for request in list(self.parked.values()):
@@ -411,6 +498,9 @@ class Server:
         return (budget_spent or plan_replayed) and not request.segmenter.pending.strip()
 
     def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> None:
+        if request.skip_current and text.strip():
+            self._skip(request, now, final)
+            return
         robot = request.robot
         estimate = robot.min_exec_time(text)
         arrives = now + self.network_latency
@@ -430,11 +520,29 @@ class Server:
         if self.times:  # generation goes on unless it is parked (then the scheduling point predicts again)
             request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
         self.on_segment(request, segment)
+        if request.overrun != OVERRUN_NONE and not final:
+            self._watch_segment(request)
+
+    def _skip(self, request: Request, now: float, final: bool) -> None:
+        """Skip-next: the overrun segment is dropped; the next one's deadline counts from now."""
+        request.skip_current = False
+        request.skipped_segments += 1
+        self.counters["overruns_skipped"] += 1
+        request.prev_end_est = max(request.prev_end_est, now)
+        request.seg_tokens = 0
+        request.seg_gen_start = now
+        request.last_start_cache = None
+        if final:  # the robot still has to learn that the plan ended
+            self._dispatch(request, "", now, final=True)
+        else:
+            self._watch_segment(request)
 
     def _set_prev_end(self, request: Request, exec_end: float) -> None:
         request.prev_end_est = exec_end
         if request.status.queued:  # its priority depends on this
             self.queue.update(request)
+        if request.overrun != OVERRUN_NONE and not request.finished_generating:
+            self._watch_segment(request)  # its next segment's deadline moved
 
     def _finish_if_done(self, request: Request) -> None:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):

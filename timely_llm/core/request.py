@@ -147,6 +147,20 @@ class Request:
     last_start_cache: tuple[int, bool] | None = None
     detok: IncrementalDetokenizer | None = None
     segmenter: Segmenter | None = None
+    keep_if_infeasible: bool = False
+    """Overload control: keep waiting (told, not ended) when the deadline can no longer be met."""
+    overrun: str = "none"
+    """TimeBill's overrun strategy for a late segment: none, kill or skip-next (core/overload.py)."""
+    infeasible_at: float | None = None
+    """When the server found it could no longer get utility >= 0 (and told the robot)."""
+    best_response: float | None = None
+    """At ``infeasible_at``: the earliest response time it could still have had."""
+    shed: bool = False
+    """Ended by overload control at ``infeasible_at`` (aborted, reason INFEASIBLE_REASON)."""
+    skip_current: bool = False
+    """Skip-next: the segment being generated overran and will not be sent."""
+    skipped_segments: int = 0
+    """Segments generated but dropped by skip-next."""
     path: list[Status] = field(default_factory=lambda: [Status.WAITING], init=False)
     """Every status the request has had, in order; the last is its status now."""
 
@@ -193,6 +207,12 @@ class Outcome:
     waiting time = completion time - execution time (all the time the robot spent not executing);
     utility = the request's TUF at its response time.
     They are None for a request that did not succeed.
+
+    Overload control (core/overload.py): ``shed`` marks a request ended because even
+    served at once it could no longer get utility >= 0; ``infeasible_at`` is when the
+    server found that (and told the robot, shed or kept waiting), ``best_response`` the
+    earliest response it could still have had then; ``skipped_segments`` counts the
+    segments skip-next dropped (``plan`` holds only the segments sent).
     """
 
     id: str
@@ -212,6 +232,10 @@ class Outcome:
     exec_time: float | None = None
     completion_time: float | None = None
     utility: float | None = None
+    shed: bool = False
+    infeasible_at: float | None = None
+    best_response: float | None = None
+    skipped_segments: int = 0
 
     @classmethod
     def of(cls, request: Request) -> Outcome:
@@ -220,7 +244,9 @@ class Outcome:
         segments = request.segments
         outcome = cls(request.id, request.agent, request.trace, request.category, request.robot.robot,
                       request.status, request.reason, request.arrival, request.tuf,
-                      "".join(s.text for s in segments), len(request.output_ids), tuple(segments))
+                      "".join(s.text for s in segments), len(request.output_ids), tuple(segments),
+                      shed=request.shed, infeasible_at=request.infeasible_at, best_response=request.best_response,
+                      skipped_segments=request.skipped_segments)
         if request.status is not Status.SUCCEEDED or not segments:
             return outcome
         response = segments[0].exec_start - request.arrival
@@ -240,4 +266,6 @@ class Outcome:
             "completion_time": self.completion_time, "utility": self.utility,
             "plan": self.plan, "output_tokens": self.output_tokens,
             "segments": [s.to_dict() for s in self.segments],
+            "shed": self.shed, "infeasible_at": self.infeasible_at, "best_response": self.best_response,
+            "skipped_segments": self.skipped_segments,
         }

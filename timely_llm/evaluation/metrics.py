@@ -8,22 +8,50 @@ METRICS = ("utility", "response_time", "waiting_time", "completion_time")
 
 
 def summarize(records: list[dict]) -> dict:
-    """Mean metrics per category and overall, over requests that succeeded; counts of the rest."""
+    """Mean metrics per category and overall, over requests that succeeded; counts of the rest.
+
+    Shed requests (overload control ended them: even served at once they could no longer
+    get utility >= 0) are aborted, counted again under ``shed``, and left out of the means
+    like every request that did not succeed. ``mean_utility_with_shed`` puts them back in so
+    shedding cannot hide losses: each counts at the utility it would have had served after
+    all the work the run did, so that no served request's figure would have to change for
+    it: its best response when it was shed, delayed by the time from then to the run's end
+    (the last segment executed or request shed). That is below zero and no better than
+    serving it earlier, which would have delayed others.
+    """
+    end = run_end(records)
     groups: dict[str, list[dict]] = {"all": list(records)}
     for r in records:
         groups.setdefault(r["category"], []).append(r)
-    return {name: _summary(rs) for name, rs in sorted(groups.items())}
+    return {name: _summary(rs, end) for name, rs in sorted(groups.items())}
 
 
-def _summary(records: list[dict]) -> dict:
+def _summary(records: list[dict], end: float) -> dict:
     done = [r for r in records if r["status"] == "succeeded"]
+    shed = [r for r in records if r.get("shed")]
     out: dict = {"count": len(records), "succeeded": len(done),
                  "aborted": sum(r["status"] == "aborted" for r in records),
-                 "canceled": sum(r["status"] == "canceled" for r in records)}
+                 "canceled": sum(r["status"] == "canceled" for r in records), "shed": len(shed)}
     for metric in METRICS:
         values = [r[metric] for r in done]
         out[f"mean_{metric}"] = statistics.fmean(values) if values else None
+    with_shed = [r["utility"] for r in done] + [shed_utility(r, end) for r in shed]
+    out["mean_utility_with_shed"] = statistics.fmean(with_shed) if with_shed else None
     return out
+
+
+def run_end(records: list[dict]) -> float:
+    """The last moment the records show: a segment's execution end or a request shed."""
+    times = [s["exec_end"] for r in records for s in r["segments"] if s["exec_end"] is not None]
+    times += [r["infeasible_at"] for r in records if r.get("shed")]
+    return max(times, default=0.0)
+
+
+def shed_utility(record: dict, end: float) -> float:
+    """What a shed request counts in ``mean_utility_with_shed``: served only once the run's work was done."""
+    response = record["best_response"] + max(end - record["infeasible_at"], 0.0)
+    tuf = record["tuf"]
+    return min(tuf["beta"], tuf["alpha"] * (response - tuf["ert"]) + tuf["beta"])
 
 
 def markdown_table(results: list[dict]) -> str:

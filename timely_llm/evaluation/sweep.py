@@ -152,18 +152,30 @@ def is_sweep(data: object) -> bool:
 
 
 def markdown_table(sweep: dict, categories: tuple[str, ...] = ("urgent", "normal")) -> str:
-    """One row per (hardware, cap, agents); per policy, each category's mean utility, then urgent response."""
+    """One row per (hardware, cap, agents); per policy, each category's mean utility, then urgent response.
+
+    When overload control shed requests anywhere in the sweep, each policy also gets its shed count
+    and each category's mean utility with the shed requests counted (``metrics.summarize``).
+    """
     policies = list(dict.fromkeys(series(p) for p in sweep["points"]))
     rows: dict[tuple, dict[str, dict]] = {}
     for p in sweep["points"]:
         rows.setdefault((p["hw"], p["cap"], p["agents"]), {})[series(p)] = p
+    shed = any(p["summary"].get("all", {}).get("shed") for p in sweep["points"])
     head = ["hw", "cap", "agents"] + [f"{pol} {c[0]}" for pol in policies for c in categories] \
         + [f"{pol} urgent resp (s)" for pol in policies]
+    if shed:
+        head += [f"{pol} shed" for pol in policies] \
+            + [f"{pol} {c[0]} with shed" for pol in policies for c in categories]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
     for (hw, cap, agents), by_policy in rows.items():
-        utility = [_mean(by_policy.get(pol), c, "utility") for pol in policies for c in categories]
-        response = [_mean(by_policy.get(pol), "urgent", "response_time") for pol in policies]
-        lines.append(f"| {hw} | {cap or 'none'} | {agents} | " + " | ".join(utility + response) + " |")
+        cells = [_mean(by_policy.get(pol), c, "utility") for pol in policies for c in categories]
+        cells += [_mean(by_policy.get(pol), "urgent", "response_time") for pol in policies]
+        if shed:
+            cells += [str((by_policy.get(pol) or {}).get("summary", {}).get("all", {}).get("shed", "-"))
+                      for pol in policies]
+            cells += [_mean(by_policy.get(pol), c, "utility_with_shed") for pol in policies for c in categories]
+        lines.append(f"| {hw} | {cap or 'none'} | {agents} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,217 @@
+"""Overload control (features.shed) and TimeBill's overrun strategies, on the simulator's virtual clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from record_checks import check_record, check_shed_record
+
+from timely_llm.clock import VirtualClock
+from timely_llm.core.features import Features
+from timely_llm.core.overload import INFEASIBLE_REASON, infeasible_at
+from timely_llm.core.request import Outcome, Request
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import TUF, URGENT_TUF
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.sim import SimEngine
+from timely_llm.evaluation.harness import SimulatedRobots, Simulation
+from timely_llm.evaluation.metrics import shed_utility, summarize
+from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.workloads.traces import load_catalog
+
+SKILLS = load_skill_models()
+CATALOG = load_catalog()
+LATENCY = 0.008
+DRONE_TRACES = (1, 3, 4, 6, 7, 8)
+
+
+class LoggedServer(Server):
+    """A Server that notes the time of every scheduling point."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.points: list[float] = []
+
+    def _schedule(self) -> None:
+        self.points.append(self.clock.now())
+        super()._schedule()
+
+
+class Run:
+    """A server on the simulator with simulated robots; ``ended`` holds (time, record) per request."""
+
+    def __init__(self, features: Features, profile: str = "rtx4090-llama3-8b", max_batch: int | None = 4) -> None:
+        self.clock = VirtualClock()
+        self.engine = SimEngine(load_profile(profile))
+        self.ended: list[tuple[float, dict]] = []
+        self.told: list[tuple[float, str]] = []
+        self.server = LoggedServer(self.engine, SKILLS, POLICIES["timelyllm"], self.clock, LATENCY, max_batch,
+                                   on_finish=self._finished, features=features,
+                                   on_infeasible=lambda r: self.told.append((self.clock.now(), r.id)))
+        self.sim = Simulation(self.server, self.clock)
+        robots = SimulatedRobots(SKILLS, LATENCY, 0, self.sim.schedule, self.server.segment_done)
+        self.server.on_segment = robots.on_segment
+
+    def _finished(self, request: Request) -> None:
+        self.ended.append((self.clock.now(), Outcome.of(request).to_record()))
+
+    def plan(self, rid: str, trace: int, tuf: TUF, at: float = 0.0, **options: object) -> PlanRequest:
+        t = CATALOG[trace]
+        encode = self.engine.tokenizer.encode
+        return PlanRequest(rid, f"agent-{rid}", t.robot, encode(CATALOG.prompt_text(t.robot, t.prompt)), tuf,
+                           t.category, forced_ids=encode(t.plan), trace=trace, arrival=at, **options)
+
+    def submit_at(self, plan: PlanRequest) -> None:
+        self.sim.schedule(plan.arrival, lambda: self.server.submit(plan))
+
+    def burst(self, n: int, tuf: TUF, **options: object) -> None:
+        """``n`` drone requests at once (a WID2-like event), cycling through the drone traces."""
+        for i in range(n):
+            self.submit_at(self.plan(f"b{i:03d}", DRONE_TRACES[i % len(DRONE_TRACES)], tuf, **options))
+
+    def records(self) -> dict[str, dict]:
+        return {rec["id"]: rec for _, rec in self.ended}
+
+
+def infeasible_time(rec: dict) -> float:
+    robot = SKILLS[CATALOG[rec["trace"]].robot]
+    return infeasible_at(rec["arrival"], TUF(**rec["tuf"]).cutoff, robot.segment_generation_time, LATENCY)
+
+
+def test_off_changes_nothing_even_when_requests_become_infeasible() -> None:
+    run = Run(Features())
+    run.burst(60, URGENT_TUF)
+    run.sim.run()
+    records = run.records()
+    assert len(records) == 60 and not run.server.counters and not run.told
+    for rec in records.values():
+        check_record(rec, LATENCY)
+        assert rec["infeasible_at"] is None and not rec["shed"]
+    assert min(r["utility"] for r in records.values()) < 0  # some were served past their cut-off
+
+
+def test_infeasible_requests_are_shed_within_one_scheduling_step() -> None:
+    run = Run(Features(shed=True))
+    run.burst(60, URGENT_TUF)
+    run.sim.run()
+    records = run.records()
+    shed = [r for r in records.values() if r["shed"]]
+    assert len(records) == 60 and len(shed) == run.server.counters["shed"] > 0
+    points = run.server.points
+    for rec in shed:
+        check_shed_record(rec, SKILLS[rec["robot"]].segment_generation_time, LATENCY)
+        due = infeasible_time(rec)
+        assert due < rec["infeasible_at"]  # never before it was infeasible
+        # ... and at the first scheduling point after it was
+        assert not [p for p in points if due < p < rec["infeasible_at"]]
+    for rec in records.values():
+        if not rec["shed"]:
+            check_record(rec, LATENCY)
+            # served: its first segment started generating before it would have been infeasible
+            assert rec["segments"][0]["gen_start"] <= infeasible_time(rec)
+
+
+def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting() -> None:
+    impossible = TUF(ert=0.0, alpha=-100.0, beta=1.0)  # cut-off 10 ms: below network latency + G
+    run = Run(Features(shed=True))
+    run.server.submit(run.plan("gone", 6, impossible))
+    assert [rec["id"] for _, rec in run.ended] == ["gone"]  # ended inside submit, before any step
+    rec = run.ended[0][1]
+    assert rec["status"] == "aborted" and rec["reason"] == INFEASIBLE_REASON and rec["infeasible_at"] == 0.0
+    run.server.submit(run.plan("kept", 6, impossible, keep_if_infeasible=True))
+    assert run.told == [(0.0, "kept")] and len(run.ended) == 1
+    run.sim.run()
+    kept = run.records()["kept"]
+    check_record(kept, LATENCY)
+    assert kept["infeasible_at"] == 0.0 and not kept["shed"] and kept["utility"] < 0
+    assert run.server.counters == {"shed": 1, "infeasible_kept": 1}
+
+
+def test_shed_is_off_with_the_switch_even_for_goal_time_infeasible_requests() -> None:
+    run = Run(Features())
+    run.server.submit(run.plan("late", 6, TUF(ert=0.0, alpha=-100.0, beta=1.0)))
+    run.sim.run()
+    assert run.records()["late"]["status"] == "succeeded" and not run.told
+
+
+# Segments overrun when their robot waits on them: TUF_1's cut-off (beta / |alpha|) is 50 ms; the first's 5.05 s.
+IDLE_INTOLERANT = TUF(ert=5.0, alpha=-1.0, beta=0.05)
+
+
+def overrun_run(strategy: str) -> Run:
+    run = Run(Features(), max_batch=1)
+    run.burst(60, IDLE_INTOLERANT, overrun=strategy)
+    run.sim.run()
+    return run
+
+
+def test_kill_aborts_a_plan_whose_segment_overran() -> None:
+    run = overrun_run("kill")
+    killed = [(t, rec) for t, rec in run.ended if rec["status"] == "aborted"]
+    assert killed and len(killed) == run.server.counters["overruns_killed"]
+    checked = {0: 0, 1: 0}
+    for t, rec in killed:
+        index = len(rec["segments"])
+        assert rec["reason"] == f"segment {index} overran its deadline (overrun strategy kill)"
+        # killed after the deadline of the segment it was waiting for, at the first scheduling point past it
+        if index == 0:
+            deadline = rec["arrival"] + IDLE_INTOLERANT.cutoff - LATENCY
+        elif rec["segments"][-1]["exec_end"] is not None:  # else its robot was still executing on our estimate
+            deadline = rec["segments"][-1]["exec_end"] + 0.05 - LATENCY
+        else:
+            continue
+        assert deadline < t
+        assert not [p for p in run.server.points if deadline < p < t]
+        checked[min(index, 1)] += 1
+    assert checked[0] and checked[1]  # first segments and later ones
+    for _, rec in run.ended:
+        if rec["status"] == "succeeded":
+            check_record(rec, LATENCY)
+
+
+def test_skip_next_drops_late_segments_and_completes_the_plan() -> None:
+    plain, skipping = overrun_run("none").records(), overrun_run("skip-next")
+    records = skipping.records()
+    assert all(rec["status"] == "succeeded" for rec in records.values())
+    skipped = sum(rec["skipped_segments"] for rec in records.values())
+    assert skipped == skipping.server.counters["overruns_skipped"] > 0
+    for rid, rec in records.items():
+        if rec["skipped_segments"] == 0:
+            check_record(rec, LATENCY)
+            continue
+        sent = [s["text"] for s in rec["segments"] if s["text"]]
+        whole = [s["text"] for s in plain[rid]["segments"]]
+        assert len(sent) + rec["skipped_segments"] == len(whole)
+        assert all(s in whole for s in sent)  # the segments sent are the plan's own, in its order
+        assert [whole.index(s) for s in sent] == sorted(whole.index(s) for s in sent)
+
+
+def test_unknown_overrun_strategy_is_rejected() -> None:
+    run = Run(Features())
+    with pytest.raises(Exception, match="unknown overrun strategy 'skip'"):
+        run.server.submit(run.plan("x", 6, URGENT_TUF, overrun="skip"))
+
+
+def _record(rid: str, status: str, utility: float | None, **extra: object) -> dict:
+    return {"id": rid, "category": "urgent", "status": status, "utility": utility, "tuf": URGENT_TUF.to_dict(),
+            "response_time": 0.1, "waiting_time": 0.0, "completion_time": 1.0, "shed": False,
+            "infeasible_at": None, "best_response": None, "segments": [], **extra}
+
+
+def test_summary_reports_utility_with_and_without_shed_requests() -> None:
+    served = _record("a", "succeeded", 2.0, segments=[{"exec_end": 50.0}])
+    shed = _record("b", "aborted", None, shed=True, infeasible_at=10.0, best_response=0.6)
+    summary = summarize([served, shed])["urgent"]
+    assert summary["shed"] == 1 and summary["aborted"] == 1
+    assert summary["mean_utility"] == 2.0  # without: the served one only
+    counted = URGENT_TUF(0.6 + 40.0)  # its best response, pushed past the run's end (50 s) from when it was shed
+    assert shed_utility(shed, 50.0) == pytest.approx(counted)
+    assert summary["mean_utility_with_shed"] == pytest.approx((2.0 + counted) / 2)
+    assert counted < URGENT_TUF(0.6) < 0  # never better than its best case when it was shed
+
+
+def test_summary_without_shed_requests_has_equal_figures() -> None:
+    summary = summarize([_record("a", "succeeded", 1.5), _record("c", "aborted", None)])["all"]
+    assert summary["shed"] == 0 and summary["mean_utility_with_shed"] == summary["mean_utility"] == 1.5
+    assert math.isfinite(summary["mean_utility"])
