@@ -1,9 +1,8 @@
 """TimeBill's execution-time estimator, segment-length predictor and G(s) in the scheduler."""
 
-import statistics
-
 import pytest
 
+from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
 from timely_llm.core.estimator import (
     PESSIMISTIC_FACTOR,
@@ -18,8 +17,9 @@ from timely_llm.core.request import Request, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import GenerationSpec
-from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.hardware import estimator_profile, load_profile
 from timely_llm.engines.sim import SimEngine
+from timely_llm.evaluation.estimate_error import measure, segment_errors
 from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.profile_fit import fit_profile
 from timely_llm.server import POLICIES, Server
@@ -145,24 +145,33 @@ def workload(seed=0):
     return generate(WorkloadSpec("mini", 0.3, 8, tuple(range(1, 12)), 20, 40.0), CATALOG, SKILLS, seed)
 
 
-def gen_time_errors(result):
-    errors = []
-    for rec in result["requests"]:
-        for s in rec["segments"]:
-            actual = s["gen_end"] - s["gen_start"]
-            if s["tokens"] and actual > 0:
-                errors.append(abs(s["predicted_gen_time"] - actual) / actual)
-    return errors
-
-
 def test_timebill_predicts_the_simulators_segment_times_and_off_keeps_the_constant():
-    on = run_bench(workload(), "timelyllm", PROFILE, SKILLS, CATALOG, max_batch=8, features=Features(timebill=True))
+    constant, timebill = measure(workload(), PROFILE, SKILLS, CATALOG, max_batch=8)
+    assert timebill.segments == constant.segments > 50
+    assert timebill.median < 0.15 < constant.median
+    assert timebill.median_first < 0.15 and timebill.median_later < 0.15
     off = run_bench(workload(), "timelyllm", PROFILE, SKILLS, CATALOG, max_batch=8, features=Features())
-    constants = {s["predicted_gen_time"] for r in off["requests"] for s in r["segments"] if s["tokens"]}
-    assert constants == {TELLO.segment_generation_time, SKILLS["arm"].segment_generation_time}
-    assert len(gen_time_errors(on)) > 50
-    assert statistics.median(gen_time_errors(on)) < 0.15 < statistics.median(gen_time_errors(off))
-    assert all(r["status"] == "succeeded" for r in on["requests"])
+    predicted = {s["predicted_gen_time"] for r in off["requests"] for s in r["segments"] if s["tokens"]}
+    assert predicted == {TELLO.segment_generation_time, SKILLS["arm"].segment_generation_time}
+    assert len(segment_errors(off)) == constant.segments
+
+
+def test_estimate_error_command_prints_both_predictors(capsys):
+    assert main(["estimate-error", "--workload", "WID1", "--max-batch", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "timelyllm on WID1" in lines[0] and "max batch 4" in lines[0]
+    assert [line.split()[0] for line in lines[2:]] == ["profiled", "TimeBill"]
+
+
+def test_bench_on_a_real_engine_needs_its_step_profile_for_timebill(tmp_path, capsys):
+    out = str(tmp_path / "r.json")
+    args = ["bench", "--engine", "vllm", "--model", "tiny", "--workload", "WID1", "--policy", "timelyllm",
+            "--features", "timebill", "--out", out]
+    assert main(args) == 2
+    assert "timely-llm profile --model tiny" in capsys.readouterr().err
+    assert estimator_profile(None, "vllm", "smollm2", "rtx4090-llama3-8b").name == "cpu-2core-smollm2-135m"
+    assert estimator_profile(None, "sim", "smollm2", "h100-llama3-8b").name == "h100-llama3-8b"
+    assert estimator_profile("h100-llama3-8b", "vllm", "tiny", "rtx4090-llama3-8b").name == "h100-llama3-8b"
 
 
 def test_timebill_needs_an_estimator():

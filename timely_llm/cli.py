@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ablation(sub.add_parser("ablation", help="scheduler parts each alone, all and none, on chosen points"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
+    _add_estimate_error(sub.add_parser("estimate-error", help="error of predicted segment generation times G(s) "
+                                                              "on the simulator: TimeBill vs the constant"))
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
     _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
     _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
@@ -141,6 +144,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", default="default", type=_features, metavar="PARTS",
                    help=f"scheduler parts to switch on: a comma list of {', '.join(Features.names())}, "
                         "or all, none, default (default: default)")
+    p.add_argument("--estimator-profile", default=None, metavar="PROFILE",
+                   help="feature timebill: the engine's step-time profile (name or YAML file written by "
+                        "timely-llm profile); default: the --hw profile on sim, the shipped fit of smollm2 on vllm")
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
     p.set_defaults(run=_bench)
 
@@ -173,7 +179,7 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from timely_llm.engines.hardware import load_profile
+    from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.evaluation.harness import EngineSetup, run_bench
 
     if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
@@ -182,6 +188,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.engine == "sim" and args.model is not None:
         raise ConfigError("bench", "--model", "applies to --engine vllm only")
     profile = load_profile(args.hw or DEFAULT_HW)
+    features = Features.parse(args.features)
+    model = args.model or DEFAULT_MODEL
+    step_model = estimator_profile(args.estimator_profile, args.engine, model, args.hw or DEFAULT_HW)
+    if features.timebill and step_model is None:
+        raise ConfigError("bench", "--estimator-profile", f"feature timebill needs the step-time profile of {model} "
+                                                          f"(write one: timely-llm profile --model {model} --out F)")
     skills, catalog, workload = _load_inputs(args)
     if args.engine == "vllm":
         _quiet_vllm_logging()
@@ -189,13 +201,11 @@ def _bench(args: argparse.Namespace) -> int:
 
         scheduling = "priority" if args.policy == "vllm-priority" else "fcfs"
         cap = {"max_num_seqs": args.max_batch} if args.max_batch else {}
-        model = args.model or DEFAULT_MODEL
         engine = VllmEngine(model, seed=args.seed, scheduling_policy=scheduling, **cap)
-        setup = EngineSetup.real(f"vllm:{model}", engine)
+        setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
-        setup = EngineSetup.simulator(profile)
-    result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch,
-                       Features.parse(args.features))
+        setup = dataclasses.replace(EngineSetup.simulator(profile), profile=step_model)
+    result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch, features)
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_summary(result)
     return 0
@@ -437,6 +447,37 @@ def _sched(args: argparse.Namespace) -> int:
     print("queue_length  us_per_decision")
     for size, seconds in measure(args.sizes, args.repeat):
         print(f"{size:12d}  {seconds * 1e6:15.1f}")
+    return 0
+
+
+def _add_estimate_error(p: argparse.ArgumentParser) -> None:
+    from timely_llm.server import POLICIES
+
+    p.description = ("Run a workload on the simulator with the profiled constant G(s) and with TimeBill's estimate "
+                     "(feature timebill), and print the median absolute relative error of each segment's predicted "
+                     "generation time against the time it took.")
+    p.add_argument("--workload", default="WID2", help="WID1, WID1-high, WID2 (default), WID3, or a workload JSON file")
+    p.add_argument("--hw", default=DEFAULT_HW, help=f"hardware profile name or YAML file (default {DEFAULT_HW})")
+    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
+                   help=f"one of {', '.join(POLICIES)} (default timelyllm)")
+    p.add_argument("--max-batch", type=_positive_int, default=None, help="batch cap (default: as bench)")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
+    p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
+                   help="skill-model YAML files (default: the shipped ones)")
+    p.set_defaults(run=_estimate_error)
+
+
+def _estimate_error(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import load_profile
+    from timely_llm.evaluation.estimate_error import ErrorSummary, measure
+
+    profile = load_profile(args.hw)
+    skills, catalog, workload = _load_inputs(args)
+    print(f"G(s) vs the simulator's segment generation time: {args.policy} on {workload.name} ({profile.name}, "
+          f"max batch {args.max_batch or 'default'}, seed {args.seed})")
+    print(ErrorSummary.HEADER)
+    for summary in measure(workload, profile, skills, catalog, args.policy, args.seed, args.max_batch):
+        print(summary.row())
     return 0
 
 

@@ -24,6 +24,9 @@ from timely_llm.errors import ConfigError, read_mapping
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hw"
 STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_seq", "per_kv_token")
 MEMORY_TERMS = ("total_gib", "weights_gib", "reserved_gib", "kv_bytes_per_token", "block_tokens")
+FITTED_PROFILES = {"smollm2": "cpu-2core-smollm2-135m"}
+"""Shipped profiles ``timely-llm profile`` fitted to a model on vLLM CPU: by default, the step-time model of
+TimeBill's estimator (feature timebill) when that model serves."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,17 @@ class HardwareProfile:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "step": self.step, "memory": self.memory, "max_model_len": self.max_model_len}
+
+
+def estimator_profile(given: str | None, engine: str, model: str | None, hw: str) -> HardwareProfile | None:
+    """The step-time profile TimeBill's estimator uses: ``given``, else the simulator's own (``hw``) or the
+    shipped fit of a real engine's model; None when there is none."""
+    if given:
+        return load_profile(given)
+    if engine == "sim":
+        return load_profile(hw)
+    fitted = FITTED_PROFILES.get(str(model))
+    return load_profile(fitted) if fitted else None
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:
