@@ -5,6 +5,7 @@ from collections.abc import Iterator
 import pytest
 from record_checks import check_record
 
+from timely_llm.core.features import Features
 from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.vllm_engine import VllmEngine
@@ -58,3 +59,17 @@ def test_profile_fit_recovers_a_known_model_and_runs_on_vllm(engine):
     assert len(measured) == 2 + 2 * 3 and all(t > 0 for _, _, t in measured)
     real = fit_profile(measured, "tiny-cpu", truth.memory, 2048)
     assert all(v >= 0 for v in real.step.values()) and real.step_time([(512, 512)], []) > 0
+
+
+def test_timebill_runs_on_vllm_with_the_estimator_fitted_there(engine):
+    measured = measure_steps(engine, [64, 256], [1, 2], decode_steps=3)
+    fitted = fit_profile(measured, "tiny-cpu", load_profile("rtx4090-llama3-8b").memory, 2048)
+    workload = generate(WorkloadSpec("short", 1.0, 3, (1, 6, 7, 9), 6, 4.0), CATALOG, SKILLS, seed=3)
+    result = run_bench(workload, "timelyllm", EngineSetup.real("vllm:tiny", engine, fitted), SKILLS, CATALOG,
+                       seed=3, max_batch=2, features=Features(timebill=True))
+    assert result["features"] == "timebill" and len(result["requests"]) == len(workload.requests)
+    for rec in result["requests"]:
+        check_record(rec, workload.network_latency)
+    constants = {m.segment_generation_time for m in SKILLS.values()}
+    predicted = [s["predicted_gen_time"] for r in result["requests"] for s in r["segments"] if s["tokens"]]
+    assert predicted and not constants & set(predicted)  # every G(s) came from the fitted estimator
