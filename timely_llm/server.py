@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from timely_llm.core.admission import AminAdmission
 from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
@@ -142,6 +143,9 @@ class Server:
         """First segments not yet generated, by the time they become infeasible (features.shed)."""
         self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
         """(request, segments done) of requests with an overrun strategy, by that segment's deadline."""
+        self.amin = AminAdmission(engine.blocks_for, engine.blocks_to_start) if features.amin else None
+        self._evicted: set[str] = set()
+        """Generations Amin suspended whose resume prefill is still to count as recomputed."""
 
     # ----- called by robots and front ends (any thread) -----
 
@@ -271,9 +275,12 @@ class Server:
         A parked generation (at a segment boundary, still in the engine) competes like any
         queued one: picked, it simply keeps running; passed over, it is suspended. It is
         suspended early when a more urgent generation needs the room or memory it holds.
+        With Amin (``features.amin``) memory is counted by segment lower bounds, and running
+        generations are suspended first when the next step's KV would not fit (core/admission.py).
         """
         now = self.clock.now()
         self._control_overload(now)
+        reserved = self._evict_on_overflow() if self.amin is not None else 0
         started: list[tuple[Request, int]] = []
         if self.times:
             self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
@@ -283,11 +290,15 @@ class Server:
             parked = request.id in self.parked
             needed = 0 if parked else self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
             free = needed if parked else self.engine.free_kv_blocks()
+            if self.amin is not None:
+                needed = self.amin.reserve(request) if parked else self.amin.needed(request)
+                free = self.engine.free_kv_blocks() - reserved
             if not self.batch.admits(list(self.running.values()), now, free, needed, request):
                 if parked or not self.parked:
                     break
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
                 continue
+            reserved += needed
             uncached = self.times.uncached_tokens(request) if self.times else 0
             if parked:
                 self._keep_running(request)
@@ -339,7 +350,7 @@ class Server:
     def _control_overload(self, now: float) -> None:
         """Tell robots whose deadline can no longer be met, and apply overrun strategies that fell due."""
         for request in self._infeasible.pop_due(now):
-            if request.status is Status.WAITING and not request.segments:
+            if request.status in (Status.WAITING, Status.SUSPENDED) and not request.segments:  # (Amin evicts)
                 self._infeasible_now(request, now)
             elif request.status is Status.RUNNING and not request.segments:
                 self._infeasible.push(now, request)  # being served: shed only if it returns to the queue unserved
@@ -369,6 +380,15 @@ class Server:
             self._finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
         else:
             request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
+
+    def _evict_on_overflow(self) -> int:
+        """Amin's overflow resolution: suspend running generations, in its eviction order, until the
+        next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
+        for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
+            if self.amin.shortfall(self.running.values(), self.engine.free_kv_blocks()) <= 0:
+                break
+            self._evict(victim)
+        return sum(self.amin.reserve(r) for r in self.running.values())
 
     def _suspend_parked(self) -> None:
         for request in list(self.parked.values()):
@@ -415,6 +435,16 @@ class Server:
         if self.times:  # its G(s) now includes the resume prefill
             self.queue.update(request)
 
+    def _evict(self, request: Request) -> None:
+        """RUNNING -> SUSPENDED: Amin frees KV memory mid-segment; queued again, its token ids kept
+        (the segment goes on from there when it is resumed)."""
+        request.advance(Status.SUSPENDED)
+        del self.running[request.id]
+        self.engine.suspend(request.id)
+        self.queue.push(request)
+        self.counters["amin_evictions"] += 1
+        self._evicted.add(request.id)
+
     def _generated(self, request: Request) -> None:
         """RUNNING -> GENERATED: the plan is complete; the engine forgets the generation."""
         request.advance(Status.GENERATED)
@@ -429,6 +459,7 @@ class Server:
         """
         came_from = request.advance(status)
         request.reason = reason
+        self._evicted.discard(request.id)
         if came_from.queued:
             self.queue.remove(request.id)
         if came_from is Status.RUNNING:
@@ -449,6 +480,9 @@ class Server:
         for gen_id, info in out.started.items():
             if gen_id in self.running:
                 self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
+            if gen_id in self._evicted:  # Amin's eviction costs what its resume prefills again
+                self._evicted.discard(gen_id)
+                self.counters["recomputed_tokens"] += info.context_tokens - info.cached_tokens
         for gen_id, cause in out.failed.items():
             if gen_id in self.running:
                 self._finish(self.running[gen_id], Status.ABORTED, f"engine error: {cause}")
@@ -513,6 +547,8 @@ class Server:
         if self.times:
             self.times.observe(request, segment.index, segment.tokens)
         request.segments.append(segment)
+        if self.amin is not None:
+            self.amin.segments.observe(robot.robot, request.seg_tokens)
         request.prev_end_est = start_est + estimate
         request.seg_tokens = 0
         request.seg_gen_start = now

@@ -6,10 +6,14 @@ refuses any move not drawn here::
 
                     admit                   the engine finished the plan
         submit ──► WAITING ───► RUNNING ──────────────────────────────► GENERATED
-                                 │  ▲  ▲                                       │
-              segment dispatched │  │  │ resumed (engine.start)                │ the robot reported
-              (segmented policy) │  │  └────────────────────┐                  │ every segment done
-                                 ▼  │ picked again          │                  ▼
+                                 │  ▲  ▲ │                                     │
+              segment dispatched │  │  │ │ evicted on KV overflow              │ the robot reported
+              (segmented policy) │  │  │ │ (Amin; engine.suspend)              │ every segment done
+                                 │  │  │ └──────────────────┐                  │
+                                 │  │  │ resumed            │                  │
+                                 │  │  │ (engine.start)     │                  │
+                                 │  │  └────────────────────┤                  │
+                                 ▼  │ picked again          ▼                  ▼
                                 PARKED ──passed over──► SUSPENDED            SUCCEEDED
                                        (engine.suspend)
 
@@ -74,7 +78,7 @@ ENDED = frozenset({Status.SUCCEEDED, Status.ABORTED, Status.CANCELED})
 _STOPS = {Status.ABORTED, Status.CANCELED}
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WAITING: frozenset({Status.RUNNING, *_STOPS}),
-    Status.RUNNING: frozenset({Status.PARKED, Status.GENERATED, *_STOPS}),
+    Status.RUNNING: frozenset({Status.PARKED, Status.SUSPENDED, Status.GENERATED, *_STOPS}),
     Status.PARKED: frozenset({Status.RUNNING, Status.SUSPENDED, *_STOPS}),
     Status.SUSPENDED: frozenset({Status.RUNNING, *_STOPS}),
     Status.GENERATED: frozenset({Status.SUCCEEDED, *_STOPS}),

@@ -132,5 +132,13 @@ class Engine(ABC):
     def blocks_for(self, num_tokens: int) -> int:
         """KV blocks a context of ``num_tokens`` occupies."""
 
+    def blocks_to_start(self, token_ids: list[int]) -> int:
+        """Free KV blocks (re)starting a generation on this context would take now.
+
+        Prefix-cache hits on blocks other generations hold take none; engines that cannot
+        tell count the whole context.
+        """
+        return self.blocks_for(len(token_ids))
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources."""

@@ -80,6 +80,11 @@ class BlockManager:
                 partial.clear()
                 self._register(table[-1], self._last_hash[owner])
 
+    def blocks_to_allocate(self, token_ids: list[int]) -> int:
+        """Free blocks ``allocate`` would take for ``token_ids`` now (cached idle blocks count, held ones not)."""
+        hits = self._cached_prefix(token_ids)
+        return self.blocks_for(len(token_ids)) - len(hits) + self._free_among(hits)
+
     def release(self, owner: str) -> None:
         for block in self.tables.pop(owner, []):
             self._ref[block] -= 1

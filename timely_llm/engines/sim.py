@@ -73,6 +73,9 @@ class SimEngine(Engine):
     def blocks_for(self, num_tokens: int) -> int:
         return self.blocks.blocks_for(num_tokens)
 
+    def blocks_to_start(self, token_ids: list[int]) -> int:
+        return self.blocks.blocks_to_allocate(token_ids)
+
     def running_ids(self) -> list[str]:
         return list(self._running)
 
