@@ -110,6 +110,15 @@ def test_segments_arrive_in_order_as_feedback_before_the_result(session: tuple, 
     assert 0 <= outcome.result.response_time and 0 < outcome.result.utility <= 1.0
 
 
+def test_timebill_feature_takes_its_estimator_from_the_hw_profile(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], features="timebill", hw_profile="h100-llama3-8b") as node:
+        outcome = ask(robots("d1"), 2).wait(RESULT_TIMEOUT_S)
+        times = node.server.times
+    assert outcome.status == "succeeded", outcome.result.reason
+    assert times is not None and times.estimator.c == load_profile("h100-llama3-8b").step["base"]
+    assert times.lengths.expected("tello", 0) != SKILLS["tello"].segment_max_tokens / 2  # learned from the plan
+
+
 ARM_HEAD_START_STEPS = 5
 """Engine iterations the arm plans generate before the urgent goal comes: prefilled, well short of done."""
 
