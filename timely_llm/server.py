@@ -43,6 +43,7 @@ from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
 from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
 from timely_llm.core.skills import SkillModel
+from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine, EngineRejected, GenerationSpec, StepOutput
 from timely_llm.errors import RequestRejected
@@ -106,7 +107,8 @@ class Server:
                  on_finish: Callable[[Request], None] | None = None,
                  features: Features = DEFAULT_FEATURES, estimator: ExecutionTimeEstimator | None = None,
                  on_infeasible: Callable[[Request], None] | None = None) -> None:
-        """``estimator``: the engine's step-time model, needed by the ``timebill`` feature."""
+        """``estimator``: the engine's step-time model, needed by the ``timebill`` feature (``ala`` derives
+        its throughput prior from it when given)."""
         self.engine = engine
         self.features = features
         self.robots = robots
@@ -125,7 +127,8 @@ class Server:
         max_batch = max_batch or DEFAULT_MAX_BATCH
         if engine.max_batch is not None:  # more would only wait inside the engine, out of our scheduling
             max_batch = min(max_batch, engine.max_batch)
-        self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency)
+        self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency,
+                                     throughput=_throughput_model(estimator) if features.ala else None)
         if self.times:
             self.batch.wcet_model = self.times.wcet
         self.on_segment = on_segment or (lambda request, segment: None)
@@ -139,6 +142,7 @@ class Server:
         self.lock = threading.RLock()
         self.counters: Counter[str] = Counter()
         """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
+        self.batch.counters = self.counters
         self._infeasible: DueHeap[Request] = DueHeap()
         """First segments not yet generated, by the time they become infeasible (features.shed)."""
         self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
@@ -584,3 +588,10 @@ class Server:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
             self._finish(request, Status.SUCCEEDED, "")
 
+
+def _throughput_model(estimator: ExecutionTimeEstimator | None) -> ThroughputModel:
+    """ALA's throughput model: a prior from the engine's step-time model where there is one, refined online
+    from the decode steps measured."""
+    if estimator is None:
+        return ThroughputModel()
+    return ThroughputModel(derive_curve(lambda batch: estimator.decode_step(batch, batch * TYPICAL_CONTEXT)))

@@ -7,10 +7,14 @@ per-iteration limit, so admissions keep up with resumes at any load.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from timely_llm.core.request import Request
+from timely_llm.core.throughput import ThroughputModel
+
+KNEE_SEARCH_LIMIT = 1024
+"""Largest knee looked for when no batch cap is set."""
 
 
 class StepModel:
@@ -67,10 +71,13 @@ class BatchController:
       nothing (otherwise one late urgent segment serialises every request behind it).
     * No newcomer is refused if waiting for the protected segment would make it
       late too: then refusing only moves the lateness.
+    * With a throughput model (ALA, ``Features.ala``) step times come from its fitted curve
+      where it is confident (``StepModel`` where not), and adaptive mode stops growing the
+      batch past the curve's knee, except for a newcomer already late (waiting cannot help it).
     """
 
     def __init__(self, adaptive: bool, max_batch: int | None = None, network_latency: float = 0.0,
-                 step_model: StepModel | None = None) -> None:
+                 step_model: StepModel | None = None, throughput: ThroughputModel | None = None) -> None:
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.adaptive = adaptive
@@ -79,13 +86,23 @@ class BatchController:
         self.steps = step_model or StepModel()
         self.wcet_model: Callable[[Request, int], float] | None = None
         """When set (TimeBill), a segment's worst case comes from it instead of the recent-step rule."""
+        self.throughput = throughput
+        self.counters: Counter[str] = Counter()
+        """Events by name (the server's counters when it runs one); ``ala_knee_refusals``: newcomers kept
+        waiting at the knee."""
 
     def record_step(self, duration: float, batch: int, prefill: bool = False) -> None:
         """One engine iteration over ``batch`` generations; prefill steps do not measure decoding."""
         if not prefill and batch > 0:
             self.steps.record(batch, duration)
+            if self.throughput is not None:
+                self.throughput.record(batch, duration)
 
     def step_time(self, batch: int) -> float:
+        if self.throughput is not None:
+            predicted = self.throughput.step_time(batch)
+            if predicted is not None:
+                return predicted
         return self.steps.predict(batch) or 0.0
 
     def budget(self, request: Request, now: float) -> float:
@@ -108,6 +125,8 @@ class BatchController:
             return False
         if not self.adaptive or not running:
             return True
+        if self._past_knee(len(running), now, newcomer):
+            return False
         n = len(running)
         step_now, step_grown = self.step_time(n), self.step_time(n + 1)
         due = None if newcomer is None else self.budget(newcomer, now)
@@ -121,4 +140,16 @@ class BatchController:
                 if due is not None and due - wcet_now < own:
                     continue  # waiting for it would make the newcomer late too: no gain in refusing
                 return False
+        return True
+
+    def _past_knee(self, running: int, now: float, newcomer: Request | None) -> bool:
+        """ALA: the batch is at the throughput curve's knee and the newcomer can still afford to wait."""
+        if self.throughput is None:
+            return False
+        knee = self.throughput.knee(self.max_batch or KNEE_SEARCH_LIMIT)
+        if knee is None or running < knee:
+            return False
+        if newcomer is not None and self.budget(newcomer, now) < 0:
+            return False
+        self.counters["ala_knee_refusals"] += 1
         return True

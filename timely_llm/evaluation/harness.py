@@ -99,7 +99,8 @@ class EngineSetup:
         return cls(name, lambda: engine, WallClock, profile)
 
     def estimator(self, features: Features) -> ExecutionTimeEstimator | None:
-        if not features.timebill:
+        """For TimeBill (required) and ALA (its throughput prior, when there is a profile)."""
+        if not features.timebill and not (features.ala and self.profile is not None):
             return None
         if self.profile is None:
             raise ValueError(f"the timebill feature needs a step-time profile of {self.name} "
