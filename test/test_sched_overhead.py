@@ -34,6 +34,17 @@ def test_measure_returns_one_positive_time_per_size() -> None:
     assert all(seconds > 0 for _, seconds in result)
 
 
+def test_timebill_decisions_rank_by_the_estimated_g() -> None:
+    queue = build_queue(300, SKILLS, seed=5, timebill=True)
+    g = queue._columns.column("gen_time")
+    assert len(set(g.round(9))) == 2 and not set(g) & {m.segment_generation_time for m in SKILLS.values()}  # per robot
+    queue.token_time *= 2  # a slower batch: every G(s) is recomputed from its terms at the next decision
+    queue.best(NOW)
+    fixed, tokens = queue._columns.column("gen_fixed"), queue._columns.column("gen_tokens")
+    assert queue._columns.column("gen_time") == pytest.approx(fixed + tokens * queue.token_time)
+    assert measure([8], repeat=3, timebill=True)[0][1] > 0
+
+
 def test_measure_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
         measure([0], repeat=3)

@@ -438,6 +438,9 @@ def _add_sched(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 6, 8, 100, 1000, 10000],
                    help="queue lengths to time (default 1 2 4 6 8 100 1000 10000)")
     p.add_argument("--repeat", type=_positive_int, default=200, help="decisions timed per queue length (default 200)")
+    p.add_argument("--features", default="none", type=_features, metavar="PARTS",
+                   help="scheduler parts whose per-decision work is timed too: timebill recomputes every row's "
+                        "G(s) (default: none)")
     p.set_defaults(run=_sched)
 
 
@@ -445,7 +448,7 @@ def _sched(args: argparse.Namespace) -> int:
     from timely_llm.evaluation.sched_overhead import measure
 
     print("queue_length  us_per_decision")
-    for size, seconds in measure(args.sizes, args.repeat):
+    for size, seconds in measure(args.sizes, args.repeat, timebill=Features.parse(args.features).timebill):
         print(f"{size:12d}  {seconds * 1e6:15.1f}")
     return 0
 

@@ -317,8 +317,8 @@ class Server:
         if self.times and started:
             self.times.join([r.context_tokens for r in self.running.values()], None)
         for request, uncached in started:
-            if request.status is not Status.RUNNING:
-                continue  # the engine rejected it
+            if request.status is not Status.RUNNING or request.seg_tokens:
+                continue  # the engine rejected it, or it resumed mid-segment: the prediction at its start stands
             if self.times:
                 request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
             else:

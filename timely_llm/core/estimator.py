@@ -225,8 +225,10 @@ class SegmentTimes:
         return context - cacheable
 
     def expected_tokens(self, request: Request) -> float:
-        """TimeBill's N̂ for the segment ``request`` generates next."""
-        return self.lengths.expected(request.robot.robot, request.seg_index, self._task(request))
+        """Tokens ``request`` is expected to generate before its current segment ends (TimeBill's N̂ less
+        what a generation suspended mid-segment already has; at least one)."""
+        expected = self.lengths.expected(request.robot.robot, request.seg_index, self._task(request))
+        return max(expected - request.seg_tokens, 1.0)
 
     def prefill_time(self, request: Request, uncached: int) -> float:
         return self.estimator.prefill_extra(uncached, request.context_tokens) if uncached else 0.0
