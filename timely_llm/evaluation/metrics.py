@@ -19,7 +19,7 @@ def summarize(records: list[dict]) -> dict:
     (the last segment executed or request shed). That is below zero and no better than
     serving it earlier, which would have delayed others.
     """
-    end = run_end(records)
+    end = run_end(records) if any(r.get("shed") for r in records) else 0.0
     groups: dict[str, list[dict]] = {"all": list(records)}
     for r in records:
         groups.setdefault(r["category"], []).append(r)
@@ -42,7 +42,7 @@ def _summary(records: list[dict], end: float) -> dict:
 
 def run_end(records: list[dict]) -> float:
     """The last moment the records show: a segment's execution end or a request shed."""
-    times = [s["exec_end"] for r in records for s in r["segments"] if s["exec_end"] is not None]
+    times = [s["exec_end"] for r in records for s in r.get("segments", ()) if s["exec_end"] is not None]
     times += [r["infeasible_at"] for r in records if r.get("shed")]
     return max(times, default=0.0)
 
