@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.interfaces import RequestPlan
@@ -50,7 +51,16 @@ def plan_from_goal(goal: RequestPlan.Goal, request_id: str, rules: GoalRules) ->
     if len(prompt_ids) > rules.max_prompt_tokens:
         raise RequestRejected(f"prompt of {len(prompt_ids)} tokens exceeds max_prompt_tokens {rules.max_prompt_tokens}")
     return PlanRequest(request_id, goal.agent_id, goal.robot_type, prompt_ids, tuf, category, goal.max_new_tokens,
-                       forced_ids=rules.encode(trace.plan) if trace else None, trace=trace.id if trace else None)
+                       forced_ids=rules.encode(trace.plan) if trace else None, trace=trace.id if trace else None,
+                       keep_if_infeasible=goal.keep_if_infeasible, overrun=_goal_overrun(goal))
+
+
+def _goal_overrun(goal: RequestPlan.Goal) -> str:
+    strategy = goal.overrun_strategy or OVERRUN_NONE
+    if strategy not in OVERRUN_STRATEGIES:
+        raise RequestRejected(f"unknown overrun_strategy {strategy[:MAX_ID_CHARS]!r} "
+                              f"(known: {', '.join(OVERRUN_STRATEGIES)}, or empty for none)")
+    return strategy
 
 
 def _goal_trace(goal: RequestPlan.Goal, rules: GoalRules) -> Trace | None:

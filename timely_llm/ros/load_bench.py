@@ -179,6 +179,8 @@ class Swarm:
 
     def _on_feedback(self, agent: int, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
         segment = feedback.feedback.segment
+        if not segment.request_id:  # an infeasibility notice, no segment
+            return
         model = self.skills[self.catalog[self._traces(agent)[0]].robot]
         rng = random.Random(zlib.crc32(f"{self.seed}/{segment.request_id}/{segment.index}".encode()))
         seconds = model.sample_exec_time(segment.text, rng) * self.time_scale

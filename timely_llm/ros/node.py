@@ -213,7 +213,7 @@ class TimelyLlmNode(LifecycleNode):
         server = Server(engine, skills, POLICIES[policy], self.clock, self._param("network_latency"),
                         self._param("max_batch") or None, self._param("max_new_tokens"),
                         on_segment=self._on_segment, on_finish=self._on_finish,
-                        features=features, estimator=estimator)
+                        features=features, estimator=estimator, on_infeasible=self._on_infeasible)
         for robot in sorted(skills):
             server.warm_prefix(engine.tokenizer.encode(self.catalog.prompt_text(robot, "")))
         for trace in self.catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)
@@ -371,7 +371,12 @@ class TimelyLlmNode(LifecycleNode):
             reason = f"internal error sending segment {segment.index}: {exc!r}"
             self._send(lambda server: server.abort(request.id, reason))
             return
-        self._post(request.id, message)
+        self._post(request.id, RequestPlan.Feedback(segment=message, infeasible=request.infeasible_at is not None))
+
+    def _on_infeasible(self, request: Request) -> None:
+        """The notice to a goal that keeps waiting though its deadline cannot be met: a feedback without a segment."""
+        self._post(request.id, RequestPlan.Feedback(
+            segment=SegmentMsg(request_id="", agent_id=request.agent), infeasible=True))
 
     def _on_finish(self, request: Request) -> None:
         try:
@@ -437,10 +442,10 @@ class TimelyLlmNode(LifecycleNode):
                 self.get_logger().error(f"could not deliver to goal {request_id}: {exc!r}")
 
     def _deliver(self, request_id: str, item: object) -> None:
-        if isinstance(item, SegmentMsg):
+        if isinstance(item, RequestPlan.Feedback):
             goal_handle = self._goals.get(request_id)
             if goal_handle is not None:
-                goal_handle.publish_feedback(RequestPlan.Feedback(segment=item))
+                goal_handle.publish_feedback(item)
             return
         with self._lock:
             goal_handle = self._goals.pop(request_id, None)

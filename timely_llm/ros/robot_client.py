@@ -73,6 +73,8 @@ class TaskOutcome:
     """In the order they arrived."""
     first_segment_at: float | None = None
     """Monotonic time the first segment arrived."""
+    infeasible_at: float | None = None
+    """Monotonic time the server said the deadline cannot be met (goals sent with ``keep_if_infeasible``)."""
     exec_time: float = 0.0
     result_after_segments: bool = True
     """False if the result came before every segment of the plan had arrived."""
@@ -121,11 +123,12 @@ class RobotClient:
         self._worker.start()
 
     def request(self, task: str, tuf: TUF | None = None, trace_id: int = 0, max_new_tokens: int = 0,
-                label: str = "") -> TaskOutcome:
+                label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
         """Send a goal (``tuf=None``: the server's default for its category); ``wait()`` on what it returns."""
         ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
         goal = RequestPlan.Goal(agent_id=self.agent_id, robot_type=self.robot_type, task=task, tuf_ert=ert,
-                                tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens, trace_id=trace_id)
+                                tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens, trace_id=trace_id,
+                                keep_if_infeasible=keep_if_infeasible, overrun_strategy=overrun_strategy)
         outcome = TaskOutcome(label or self.agent_id, time.monotonic())
         sent = self.link.action.send_goal_async(goal, feedback_callback=lambda fb: self._on_feedback(outcome, fb))
         sent.add_done_callback(lambda f: self._on_response(outcome, f.result()))
@@ -154,6 +157,10 @@ class RobotClient:
         outcome.finished.set_result(outcome)
 
     def _on_feedback(self, outcome: TaskOutcome, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
+        if feedback.feedback.infeasible and outcome.infeasible_at is None:
+            outcome.infeasible_at = time.monotonic()
+        if not feedback.feedback.segment.request_id:  # a notice, no segment to execute
+            return
         if outcome.first_segment_at is None:
             outcome.first_segment_at = time.monotonic()
         outcome.segments.append(feedback.feedback.segment)

@@ -1,0 +1,62 @@
+"""Overload control over real rclpy and Fast DDS: goals whose deadline cannot be met are told at once.
+
+Needs the interfaces built by scripts/build_interfaces.sh (the goal's keep_if_infeasible and
+overrun_strategy, the feedback's infeasible flag) and scripts/ros_env.sh sourced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from timely_llm.core.overload import INFEASIBLE_REASON
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import TUF
+from timely_llm.engines.sim_tokenizer import SimTokenizer
+from timely_llm.errors import RequestRejected
+from timely_llm.ros.fleet import server_node
+from timely_llm.ros.goals import GoalRules, plan_from_goal
+from timely_llm.ros.interfaces import RequestPlan
+from timely_llm.workloads.traces import load_catalog
+
+pytestmark = pytest.mark.ros
+
+RESULT_TIMEOUT_S = 60.0
+CATALOG = load_catalog()
+IMPOSSIBLE = TUF(ert=0.0, alpha=-100.0, beta=1.0)
+"""Cut-off 10 ms after arrival: less than the network latency plus one segment's generation."""
+RULES = GoalRules(set(load_skill_models()), CATALOG, SimTokenizer().encode, 1536,
+                  {c: TUF(1.0, -2.0, 1.0) for c in ("normal", "urgent", "arm")}, trace_required=True)
+
+
+def test_goal_fields_reach_the_plan_request_and_a_bad_strategy_is_refused() -> None:
+    goal = RequestPlan.Goal(agent_id="d1", robot_type="tello", task="t", trace_id=6, keep_if_infeasible=True,
+                            overrun_strategy="skip-next")
+    plan = plan_from_goal(goal, "r1", RULES)
+    assert plan.keep_if_infeasible and plan.overrun == "skip-next"
+    assert plan_from_goal(RequestPlan.Goal(agent_id="d1", robot_type="tello", task="t", trace_id=6),
+                          "r2", RULES).overrun == "none"
+    goal.overrun_strategy = "retry"
+    with pytest.raises(RequestRejected, match="unknown overrun_strategy 'retry'"):
+        plan_from_goal(goal, "r3", RULES)
+
+
+def test_goal_that_cannot_meet_its_deadline_is_aborted_at_once(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], features="shed"):
+        doomed = robots("d1").request(CATALOG[6].prompt, IMPOSSIBLE, 6)
+        fine = robots("d2").request(CATALOG[7].prompt, None, 7)
+        doomed.wait(RESULT_TIMEOUT_S), fine.wait(RESULT_TIMEOUT_S)
+    assert doomed.accepted and doomed.status == "aborted" and doomed.result.reason == INFEASIBLE_REASON
+    assert doomed.segments == [] and doomed.infeasible_at is None  # ended, not told to wait
+    assert fine.status == "succeeded", fine.result.reason
+
+
+def test_opted_in_goal_keeps_waiting_and_its_feedback_says_so(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], features="shed"):
+        kept = robots("d1").request(CATALOG[6].prompt, IMPOSSIBLE, 6, keep_if_infeasible=True)
+        kept.wait(RESULT_TIMEOUT_S)
+    assert kept.status == "succeeded", kept.result.reason
+    assert kept.infeasible_at is not None and kept.infeasible_at <= kept.first_segment_at  # told before served
+    assert "".join(s.text for s in kept.segments) == CATALOG[6].plan  # the notice is no segment
+    assert kept.result.utility < 0
