@@ -163,6 +163,17 @@ def test_estimate_error_command_prints_both_predictors(capsys):
     assert [line.split()[0] for line in lines[2:]] == ["profiled", "TimeBill"]
 
 
+def test_estimate_error_reads_bench_records(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", "WID3", "--policy", "timelyllm", "--features", "timebill",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["estimate-error", "--results", str(out)]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:3] == ["timelyllm", "[timebill]", "rtx4090-llama3-8b"] and int(row[3]) > 100
+    assert float(row[4].rstrip("%")) < 15
+
+
 def test_bench_on_a_real_engine_needs_its_step_profile_for_timebill(tmp_path, capsys):
     out = str(tmp_path / "r.json")
     args = ["bench", "--engine", "vllm", "--model", "tiny", "--workload", "WID1", "--policy", "timelyllm",

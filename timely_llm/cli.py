@@ -467,13 +467,23 @@ def _add_estimate_error(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
+    p.add_argument("--results", nargs="+", default=None, type=_in_file, metavar="FILE",
+                   help="instead: the error in these bench result files (e.g. a bench --engine vllm run)")
     p.set_defaults(run=_estimate_error)
 
 
 def _estimate_error(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import load_profile
-    from timely_llm.evaluation.estimate_error import ErrorSummary, measure
+    from timely_llm.evaluation.estimate_error import ErrorSummary, measure, segment_errors, summarize_errors
 
+    if args.results:
+        print(ErrorSummary.HEADER)
+        for path, result in zip(args.results, _read_results(args.results), strict=True):
+            if "requests" not in result:
+                raise ConfigError(path, "<root>", "a sweep holds no segment records: give bench results")
+            label = f"{result['policy']} [{result.get('features', 'none')}] {result['hw']}"
+            print(summarize_errors(label, segment_errors(result)).row())
+        return 0
     profile = load_profile(args.hw)
     skills, catalog, workload = _load_inputs(args)
     print(f"G(s) vs the simulator's segment generation time: {args.policy} on {workload.name} ({profile.name}, "

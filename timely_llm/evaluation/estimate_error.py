@@ -7,6 +7,7 @@ Segments of no tokens (a second segment cut from the same token) have no generat
 time of their own and are left out.
 
     timely-llm estimate-error --workload WID2 [--max-batch 8] [--hw rtx4090-llama3-8b]
+    timely-llm estimate-error --results bench.json ...     # the same error in any bench records
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ class ErrorSummary:
     """Over first segments (a prefill of the prompt past the cached prefix, then decoding)."""
     median_later: float
 
-    HEADER = "G(s) from                      segments  median |err|  p90 |err|  first segs  later segs"
+    HEADER = "G(s) from                               segments  median |err|  p90 |err|  first segs  later segs"
 
     def row(self) -> str:
-        return (f"{self.label:30s} {self.segments:8d}  {_pct(self.median):>12s}  {_pct(self.p90):>9s}  "
+        return (f"{self.label:39s} {self.segments:8d}  {_pct(self.median):>12s}  {_pct(self.p90):>9s}  "
                 f"{_pct(self.median_first):>10s}  {_pct(self.median_later):>10s}")
 
 
