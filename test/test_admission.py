@@ -2,16 +2,20 @@
 
 from record_checks import check_record
 
-from timely_llm.core.admission import AminAdmission, LengthBounds
+from timely_llm.clock import VirtualClock
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, LengthBounds, departure_threshold
+from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
-from timely_llm.core.request import Request
+from timely_llm.core.request import Request, Status
 from timely_llm.core.skills import load_skill_models
-from timely_llm.core.tuf import NORMAL_TUF
+from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import run_bench
+from timely_llm.evaluation.harness import SimulatedRobots, Simulation, run_bench
 from timely_llm.evaluation.sweep import with_kv_memory, workload_for
+from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()
@@ -117,3 +121,82 @@ def test_amin_changes_nothing_where_memory_is_plentiful():
     _, on = scarce_point(Features(amin=True), kv_gib=None)
     assert on["counters"] == off["counters"] == {}
     assert on["requests"] == off["requests"]
+
+
+# ----- Deferred prefill (K*) -----
+
+def test_k_star_minimises_the_approximate_inverse_throughput():
+    # C = 8, a generation leaves after a token with probability 0.1, c_p = c_d: by hand,
+    # (1 + ln(1 - K/8)/ln 0.9)/K is 2.27, 1.87, 1.82, 1.90 for K = 1..4 (in units of c_d).
+    assert departure_threshold(0.021, 0.021, 8, 0.1) == 3
+    assert departure_threshold(0.0, 0.021, 8, 0.1) == 1  # no fixed stall: nothing gained by waiting
+    assert departure_threshold(0.021, 0.021, 1, 0.1) == 1
+    growing = [departure_threshold(stall, 0.021, 64, 0.1) for stall in (0.001, 0.01, 0.021, 0.1)]
+    assert growing == sorted(growing) and growing[0] < growing[-1] < 64  # a dearer stall: wait for more
+
+
+def test_deferral_waits_for_k_departures_under_backlog_only():
+    deferral = DeferredPrefill(3)
+    assert not deferral.defers(in_batch=0, waiting=10)  # nothing decoding to protect
+    deferral.prefilled(8)
+    assert deferral.defers(in_batch=8, waiting=10)
+    assert deferral.defers(in_batch=6, waiting=10)  # two departures
+    assert not deferral.defers(in_batch=5, waiting=10)  # the third: prefill
+    assert not deferral.defers(in_batch=8, waiting=2)  # no backlog to batch
+    deferral.prefilled(2)
+    assert not deferral.defers(in_batch=2, waiting=10)  # K* departures cannot come
+
+
+def deferral_server(max_batch: int = 8) -> tuple[Server, Simulation, SimEngine]:
+    engine = SimEngine(PROFILE)
+    clock = VirtualClock()
+    server = Server(engine, SKILLS, POLICIES["timelyllm"], clock, 0.008, max_batch,
+                    features=Features(deferred_prefill=True), estimator=ExecutionTimeEstimator.from_profile(PROFILE))
+    sim = Simulation(server, clock)
+    robots = SimulatedRobots(SKILLS, 0.008, 0, sim.schedule, server.segment_done)
+    server.on_segment = robots.on_segment
+    return server, sim, engine
+
+
+def submit_at(server: Server, sim: Simulation, engine: SimEngine, rid: str, trace_id: int, t: float,
+              tuf: TUF = NORMAL_TUF) -> None:
+    trace = CATALOG[trace_id]
+    tok = engine.tokenizer
+    plan = PlanRequest(rid, rid, trace.robot, tok.encode(CATALOG.prompt_text(trace.robot, trace.prompt)), tuf,
+                       "urgent" if tuf is URGENT_TUF else "normal", forced_ids=tok.encode(trace.plan),
+                       trace=trace_id, arrival=t)
+    sim.schedule(t, lambda: server.submit(plan))
+
+
+def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_takes_them_along():
+    server, sim, engine = deferral_server()
+    k = server.deferral.threshold
+    assert 1 < k < 8  # the 4090's step intercept is a stall worth batching
+    arm_traces = [t for t in sorted(CATALOG.traces) if CATALOG[t].robot == "arm"]
+    for i in range(5):  # long arm plans keep the batch decoding
+        submit_at(server, sim, engine, f"busy{i}", arm_traces[i % len(arm_traces)], 0.0)
+    for i in range(k):
+        submit_at(server, sim, engine, f"late{i}", 1, 0.3)
+    submit_at(server, sim, engine, "urgent", 7, 0.5, URGENT_TUF)
+    seen = {}
+    sim.schedule(0.45, lambda: seen.update(before={r: server.requests[r].status for r in server.requests}))
+    sim.schedule(0.56, lambda: seen.update(after={r: server.requests[r].status for r in server.requests}))
+    ended = []
+    server.on_finish = ended.append
+    sim.run()
+    assert all(seen["before"][f"late{i}"] is Status.WAITING for i in range(k))  # deferred, the batch has room
+    assert server.counters["deferred_prefills"] > 0
+    assert seen["after"]["urgent"] is not Status.WAITING  # its slack would not wait: started at once
+    assert all(seen["after"][f"late{i}"] is not Status.WAITING for i in range(k))  # in the same stall
+    assert sorted(r.id for r in ended) == sorted([*(f"busy{i}" for i in range(5)), *(f"late{i}" for i in range(k)),
+                                                  "urgent"])
+    assert all(r.status is Status.SUCCEEDED for r in ended)
+
+
+def test_deferred_prefill_on_wid2_ends_every_request():
+    workload = generate(BUILTIN["WID2"], CATALOG, SKILLS, 0)
+    result = run_bench(workload, "timelyllm", PROFILE, SKILLS, CATALOG, 0, 8, Features(deferred_prefill=True))
+    assert result["counters"]["deferred_prefills"] > 0
+    assert len(result["requests"]) == len(workload.requests)
+    for rec in result["requests"]:
+        check_record(rec, workload.network_latency)

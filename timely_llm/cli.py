@@ -191,8 +191,9 @@ def _bench(args: argparse.Namespace) -> int:
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
     step_model = estimator_profile(args.estimator_profile, args.engine, model, args.hw or DEFAULT_HW)
-    if features.timebill and step_model is None:
-        raise ConfigError("bench", "--estimator-profile", f"feature timebill needs the step-time profile of {model} "
+    if (features.timebill or features.deferred_prefill) and step_model is None:
+        raise ConfigError("bench", "--estimator-profile", f"features timebill and deferred_prefill need the "
+                                                          f"step-time profile of {model} "
                                                           f"(write one: timely-llm profile --model {model} --out F)")
     skills, catalog, workload = _load_inputs(args)
     if args.engine == "vllm":

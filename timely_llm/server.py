@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from timely_llm.core.admission import AminAdmission
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, departure_threshold
 from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
@@ -150,6 +150,7 @@ class Server:
         self.amin = AminAdmission(engine.blocks_for, engine.blocks_to_start) if features.amin else None
         self._evicted: set[str] = set()
         """Generations Amin suspended whose resume prefill is still to count as recomputed."""
+        self.deferral = self._deferred_prefill(estimator) if features.deferred_prefill else None
 
     # ----- called by robots and front ends (any thread) -----
 
@@ -289,9 +290,16 @@ class Server:
         if self.times:
             self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
             self.queue.token_time = self.times.token_time()
+        prefilling = deferring = False
         while len(self.queue) > 0:
-            request = self.queue.best(now)
+            request = self._most_urgent_parked() if deferring else self.queue.best(now)
+            if request is None:
+                break
             parked = request.id in self.parked
+            if not parked and not prefilling and self._defers(request, now):
+                deferring = True  # the parked generations, which need no prefill, may still go on
+                self.counters["deferred_prefills"] += 1
+                continue
             needed = 0 if parked else self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
             free = needed if parked else self.engine.free_kv_blocks()
             if self.amin is not None:
@@ -308,8 +316,11 @@ class Server:
                 self._keep_running(request)
             else:
                 self._run(request, now)
+                prefilling = True
             started.append((request, uncached))
         self._suspend_parked()
+        if prefilling and self.deferral is not None:
+            self.deferral.prefilled(len(self.running))
         self._predict_gen_times(started)
 
     def _predict_gen_times(self, started: list[tuple[Request, int]]) -> None:
@@ -388,11 +399,34 @@ class Server:
     def _evict_on_overflow(self) -> int:
         """Amin's overflow resolution: suspend running generations, in its eviction order, until the
         next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
-        for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
-            if self.amin.shortfall(self.running.values(), self.engine.free_kv_blocks()) <= 0:
-                break
-            self._evict(victim)
+        if self.amin.shortfall(self.running.values(), self.engine.free_kv_blocks()) > 0:
+            for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
+                self._evict(victim)
+                if self.amin.shortfall(self.running.values(), self.engine.free_kv_blocks()) <= 0:
+                    break
         return sum(self.amin.reserve(r) for r in self.running.values())
+
+    def _deferred_prefill(self, estimator: ExecutionTimeEstimator | None) -> DeferredPrefill:
+        """K* from the engine's step model read as paper 004's affine one: a prefill on its own is a
+        step (c_p = the step intercept, t_p per token), TBT = the same intercept + t_d·B; a generation
+        leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length)."""
+        if estimator is None:
+            raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
+        mean_segment = sum(r.segment_max_tokens for r in self.robots.values()) / max(len(self.robots), 1)
+        return DeferredPrefill(departure_threshold(estimator.c, estimator.c, self.batch.max_batch or 1,
+                                                   1.0 / max(mean_segment, 1.0)))
+
+    def _defers(self, request: Request, now: float) -> bool:
+        """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
+        could make it miss its deadline."""
+        if self.deferral is None or not self.deferral.defers(len(self.running) + len(self.parked),
+                                                             len(self.queue) - len(self.parked)):
+            return False
+        batch = max(len(self.running), 1)
+        return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
+
+    def _most_urgent_parked(self) -> Request | None:
+        return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
 
     def _suspend_parked(self) -> None:
         for request in list(self.parked.values()):

@@ -24,6 +24,7 @@ admit one generation at a time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -77,11 +78,12 @@ class AminAdmission:
         return self.blocks_for(context - 1 + self.bounds(request).lower) - self.blocks_for(context - 1)
 
     def needed(self, request: Request) -> int:
-        """Free blocks a generation (re)started now takes: its context (less what other generations
-        share with it in the prefix cache) plus its segment's lower bound."""
-        context = request.context_tokens
-        grown = self.blocks_for(context + self.bounds(request).lower) - self.blocks_for(context)
-        return self.blocks_to_start(request.prompt_ids + request.output_ids) + grown
+        """Free blocks a generation (re)started now takes: its prompt less what other generations
+        share with it in the prefix cache (its own generated tokens no one shares), the rest of its
+        context and its segment's lower bound."""
+        prompt = len(request.prompt_ids)
+        rest = self.blocks_for(request.context_tokens + self.bounds(request).lower) - self.blocks_for(prompt)
+        return self.blocks_to_start(request.prompt_ids) + rest
 
     @staticmethod
     def eviction_order(running: Iterable[Request], network_latency: float) -> list[Request]:
@@ -92,3 +94,53 @@ class AminAdmission:
     def shortfall(self, running: Iterable[Request], free_blocks: int) -> int:
         """Blocks the next step needs beyond ``free_blocks`` (<= 0: it fits)."""
         return sum(self.growth(r) for r in running) - free_blocks
+
+
+def departure_threshold(stall: float, step_base: float, capacity: int, alpha: float) -> int:
+    """K*, the departures to let accumulate before a prefill (deferred prefill, paper 004, Prop. 1).
+
+    With a prefill stall of ``stall + t_p·tokens`` seconds, a decode step of ``step_base + t_d·B``,
+    a batch of at most ``capacity`` and each generation leaving the batch after a token with
+    probability ``alpha``, the inverse throughput is approximately
+    ``(stall + step_base·ln(1 − K/C)/ln(1 − alpha)) / K`` plus terms free of K; K* minimises it.
+    Without a fixed stall (``stall`` = 0) nothing is gained by waiting: K* = 1 (the paper's Remark 2).
+    """
+    if capacity <= 1 or stall <= 0:
+        return 1
+    alpha = min(max(alpha, 1e-6), 1 - 1e-6)
+    per_departure_steps = -1.0 / math.log1p(-alpha)
+
+    def inverse_throughput(k: int) -> float:
+        steps = -math.log1p(-k / capacity) * per_departure_steps
+        return (stall + step_base * steps) / k
+
+    return min(range(1, capacity), key=inverse_throughput)
+
+
+class DeferredPrefill:
+    """Under backlog, start prefills only once K* generations left the batch since the last prefill.
+
+    A prefill stalls every decoding generation for a fixed ``c_p`` plus its tokens' time, so
+    batching K prefills into one stall saves (K − 1)·c_p (paper 004). The batch size right after
+    the last prefill is remembered; departures are how far the batch has shrunk since. Once a
+    scheduling point prefills anything, every other admission there joins the same stall.
+    """
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self._batch_after_prefill = 0
+
+    def departures(self, in_batch: int) -> int:
+        return max(self._batch_after_prefill - in_batch, 0)
+
+    def defers(self, in_batch: int, waiting: int) -> bool:
+        """Hold prefills back: the batch (``in_batch`` generations) has not yet shed K* since the
+        last prefill, it still can, and ``waiting`` generations are enough to fill K* slots at once.
+        (Whether the candidate's deadline lets it wait is the caller's to check.)"""
+        if in_batch == 0 or waiting < self.threshold:
+            return False
+        return self._batch_after_prefill >= self.threshold and self.departures(in_batch) < self.threshold
+
+    def prefilled(self, batch: int) -> None:
+        """A scheduling point prefilled; ``batch`` generations run after it."""
+        self._batch_after_prefill = batch

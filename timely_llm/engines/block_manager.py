@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+CHAIN_CACHE = 4096
+"""Token sequences whose block hashes ``blocks_to_allocate`` remembers (prompts recur)."""
+
 
 class OutOfBlocks(Exception):
     pass
@@ -30,6 +33,7 @@ class BlockManager:
         """Hash of the owner's last full block (0 before the first)."""
         self._partial: dict[str, list[int]] = {}
         """Tokens of the owner's block being filled."""
+        self._chains: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
 
     @property
     def free_blocks(self) -> int:
@@ -82,8 +86,27 @@ class BlockManager:
 
     def blocks_to_allocate(self, token_ids: list[int]) -> int:
         """Free blocks ``allocate`` would take for ``token_ids`` now (cached idle blocks count, held ones not)."""
-        hits = self._cached_prefix(token_ids)
+        hits = []
+        for h in self._chain(token_ids):
+            block = self._block_of_hash.get(h)
+            if block is None or self._hash_of[block] != h:
+                break
+            hits.append(block)
         return self.blocks_for(len(token_ids)) - len(hits) + self._free_among(hits)
+
+    def _chain(self, token_ids: list[int]) -> list[int]:
+        """The chained hashes of ``token_ids``' full blocks, remembered for the sequences seen last."""
+        key = tuple(token_ids)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain, h = [], 0
+            for start in range(0, len(key) - self.block_size + 1, self.block_size):
+                h = hash((h, key[start:start + self.block_size]))
+                chain.append(h)
+            self._chains[key] = chain
+            if len(self._chains) > CHAIN_CACHE:
+                self._chains.popitem(last=False)
+        return chain
 
     def release(self, owner: str) -> None:
         for block in self.tables.pop(owner, []):

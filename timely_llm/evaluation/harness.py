@@ -99,11 +99,12 @@ class EngineSetup:
         return cls(name, lambda: engine, WallClock, profile)
 
     def estimator(self, features: Features) -> ExecutionTimeEstimator | None:
-        """For TimeBill (required) and ALA (its throughput prior, when there is a profile)."""
-        if not features.timebill and not (features.ala and self.profile is not None):
+        """For TimeBill and deferred prefill (required) and ALA (its throughput prior, when there is a profile)."""
+        needed = features.timebill or features.deferred_prefill
+        if not needed and not (features.ala and self.profile is not None):
             return None
         if self.profile is None:
-            raise ValueError(f"the timebill feature needs a step-time profile of {self.name} "
+            raise ValueError(f"the timebill and deferred_prefill features need a step-time profile of {self.name} "
                              "(fit one with timely-llm profile)")
         return ExecutionTimeEstimator.from_profile(self.profile)
 
