@@ -111,6 +111,15 @@ def test_g_is_resume_prefill_plus_expected_tokens_times_the_step():
     assert times.token_time() == pytest.approx(ESTIMATOR.decode_step(8, 8 * 900))  # full: it joins a batch of 8
 
 
+def test_measured_steps_scale_the_token_time():
+    times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
+    times.join([500] * 3, max_batch=None)
+    modelled = times.token_time()
+    for _ in range(200):  # a machine twice as slow as the profile says
+        times.record_step(2 * ESTIMATOR.decode_step(3, 1500), 3, 1500)
+    assert times.token_time() == pytest.approx(2 * modelled, rel=1e-3)
+
+
 def test_wcet_uses_the_pessimistic_length_and_the_estimator():
     times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
     r = request("r", prompt_len=900)

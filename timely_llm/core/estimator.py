@@ -41,8 +41,8 @@ PRIOR_WEIGHT = 0.5
 """The skill model's prior counts as half an observation: the first real segment outweighs it."""
 MAX_TASKS = 20_000
 """Task-level length histories kept (a node serving endless new prompts stays bounded)."""
-STEP_EXCESS_WEIGHT = 0.05
-"""Weight of each new engine step in the running mean of what steps take beyond the decode model."""
+STEP_FACTOR_WEIGHT = 0.05
+"""Weight of each new engine step in the running mean of measured step time over the decode model's."""
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,10 @@ class SegmentTimes:
 
     ``join`` must be called at each scheduling point: it fixes the batch a queued
     generation would join and the context each generation in it attends over.
-    ``record_step`` keeps a running mean of what engine steps take beyond the decode
-    model: mostly the prefills of generations joining the batch, which every generation
-    in it waits for (and, on a real engine, whatever the fitted profile misses).
+    ``record_step`` keeps a running mean of measured step times over the decode model's:
+    what it misses is mostly the prefills of generations joining the batch, which every
+    generation in it waits for, and on a real engine whatever the fitted profile does not
+    see (a machine busier than when it was fitted slows every step alike).
     """
 
     def __init__(self, estimator: ExecutionTimeEstimator, robots: Mapping[str, SkillModel], block_tokens: int,
@@ -178,8 +179,8 @@ class SegmentTimes:
         self.lengths = SegmentLengths(robots)
         self.block_tokens = block_tokens
         self.k = k
-        self.step_excess = 0.0
-        """Running mean of engine step time beyond ``estimator.decode_step`` (seconds)."""
+        self.step_factor = 1.0
+        """Running mean of measured engine step time / ``estimator.decode_step``."""
         self._warm: list[np.ndarray] = []
         self._warm_hits: dict[int, int] = {}
         self._batch = 1
@@ -198,15 +199,16 @@ class SegmentTimes:
 
     def record_step(self, duration: float, batch: int, kv_tokens: int) -> None:
         """One engine step over ``batch`` generations attending over ``kv_tokens`` context tokens."""
-        excess = duration - self.estimator.decode_step(batch, kv_tokens)
-        self.step_excess += STEP_EXCESS_WEIGHT * (excess - self.step_excess)
+        modelled = self.estimator.decode_step(batch, kv_tokens)
+        if modelled > 0:
+            self.step_factor += STEP_FACTOR_WEIGHT * (duration / modelled - self.step_factor)
 
     def token_time(self, batch: int | None = None, context: float = 0.0) -> float:
         """Predicted time per generated token at ``batch`` (default: the batch a queued generation would
         join), each generation attending over the running ones' mean context (``context`` when none runs)."""
         batch = self._batch if batch is None else max(batch, 1)
         step = self.estimator.decode_step(batch, batch * (self._kv_per_seq or context))
-        return max(step + self.step_excess, self.estimator.c)
+        return step * self.step_factor
 
     def uncached_tokens(self, request: Request) -> int:
         """Tokens a (re)start of ``request`` must prefill, if nothing it relies on was evicted.
