@@ -8,6 +8,7 @@ import pytest
 from record_checks import check_record, check_shed_record
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON, infeasible_at
 from timely_llm.core.request import Outcome, Request
@@ -43,11 +44,13 @@ class Run:
 
     def __init__(self, features: Features, profile: str = "rtx4090-llama3-8b", max_batch: int | None = 4) -> None:
         self.clock = VirtualClock()
-        self.engine = SimEngine(load_profile(profile))
+        hardware = load_profile(profile)
+        self.engine = SimEngine(hardware)
         self.ended: list[tuple[float, dict]] = []
         self.told: list[tuple[float, str]] = []
         self.server = LoggedServer(self.engine, SKILLS, POLICIES["timelyllm"], self.clock, LATENCY, max_batch,
                                    on_finish=self._finished, features=features,
+                                   estimator=ExecutionTimeEstimator.from_profile(hardware),
                                    on_infeasible=lambda r: self.told.append((self.clock.now(), r.id)))
         self.sim = Simulation(self.server, self.clock)
         robots = SimulatedRobots(SKILLS, LATENCY, 0, self.sim.schedule, self.server.segment_done)
@@ -110,6 +113,25 @@ def test_infeasible_requests_are_shed_within_one_scheduling_step() -> None:
             check_record(rec, LATENCY)
             # served: its first segment started generating before it would have been infeasible
             assert rec["segments"][0]["gen_start"] <= infeasible_time(rec)
+
+
+def test_with_timebill_the_fastest_first_segment_is_predicted_for_the_hardware() -> None:
+    """On an edge GPU a first segment takes far longer than the robot's profiled G: TimeBill's estimate
+    (prefill and expected length at a batch of one) sheds earlier, yet never before the cut-off less it."""
+    profile = "jetson-agx-orin-64gb-llama3-8b-q4"
+    runs = {}
+    for features in (Features(shed=True), Features(shed=True, timebill=True)):
+        runs[features.timebill] = run = Run(features, profile=profile)
+        run.burst(60, URGENT_TUF)
+        run.sim.run()
+    told = {tb: {r["id"]: r for r in run.records().values() if r["shed"]} for tb, run in runs.items()}
+    assert len(told[True]) > len(told[False]) > 0
+    for rec in told[True].values():
+        fastest = rec["best_response"] - (rec["infeasible_at"] - rec["arrival"]) - LATENCY
+        assert fastest > SKILLS[rec["robot"]].segment_generation_time  # slower hardware than the profiled G's
+        due = infeasible_at(rec["arrival"], URGENT_TUF.cutoff, fastest, LATENCY)
+        assert due < rec["infeasible_at"]
+        assert not [p for p in runs[True].server.points if due < p < rec["infeasible_at"]]
 
 
 def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting() -> None:

@@ -346,8 +346,17 @@ class Server:
         self._control_overload(now)
 
     def _infeasible_time(self, request: Request) -> float:
-        return infeasible_at(request.arrival, request.tuf.cutoff, request.robot.segment_generation_time,
-                             self.network_latency)
+        request.fastest_first_segment = self._fastest_first_segment(request)
+        return infeasible_at(request.arrival, request.tuf.cutoff, request.fastest_first_segment, self.network_latency)
+
+    def _fastest_first_segment(self, request: Request) -> float:
+        """The fastest generation of its first segment we can predict: with TimeBill's estimator, its prompt's
+        prefill and its expected length at a batch of one (the step time of the batch it would join sheds
+        requests that could still make it); without, the robot's profiled G (PUD's)."""
+        if not self.times:
+            return request.robot.segment_generation_time
+        tokens = self.times.expected_tokens(request) * self.times.token_time(1, request.context_tokens)
+        return self.times.prefill_time(request, self.times.uncached_tokens(request)) + tokens
 
     def _watch_segment(self, request: Request) -> None:
         self._overruns.push(self._segment_deadline(request), (request, self._segments_done(request)))
@@ -380,7 +389,7 @@ class Server:
 
     def _infeasible_now(self, request: Request, now: float) -> None:
         request.infeasible_at = now
-        request.best_response = now + request.robot.segment_generation_time + self.network_latency - request.arrival
+        request.best_response = now + request.fastest_first_segment + self.network_latency - request.arrival
         if request.keep_if_infeasible:
             self.counters["infeasible_kept"] += 1
             self.on_infeasible(request)

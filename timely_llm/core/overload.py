@@ -1,9 +1,11 @@
 """Overload control: when a request can no longer be served with utility >= 0, and TimeBill's overrun strategies.
 
 A request's utility is its TUF at its response time, the first segment's execution
-start. Served next, that segment's action starts at best at ``now + G + network``
-(G the profiled segment generation time the PUD ranks by), so its best utility is
-below zero once that passes the TUF cut-off: from ``infeasible_at(request)`` on.
+start. Served next, that segment's action starts at best at ``now + G + network``,
+G the fastest generation of its first segment the server can predict (the robot's
+profiled G that PUD ranks by; with the ``timebill`` feature, TimeBill's estimate of its
+prefill and expected length at a batch of one, which knows the hardware), so its best
+utility is below zero once that passes the TUF cut-off: from ``infeasible_at`` on.
 Each request's time is computed once and kept in a ``DueHeap``; a scheduling point
 pops only what has fallen due, O(log n) each, nothing when nothing has.
 

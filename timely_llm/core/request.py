@@ -157,6 +157,8 @@ class Request:
     """TimeBill's overrun strategy for a late segment: none, kill or skip-next (core/overload.py)."""
     infeasible_at: float | None = None
     """When the server found it could no longer get utility >= 0 (and told the robot)."""
+    fastest_first_segment: float = 0.0
+    """Overload control: the shortest generation of its first segment the server predicted at submit."""
     best_response: float | None = None
     """At ``infeasible_at``: the earliest response time it could still have had."""
     shed: bool = False
