@@ -78,8 +78,6 @@ def test_segment_lengths_start_from_the_skill_model_and_learn_online():
     lengths.observe("tello", 0, 8, task=42)
     assert lengths.expected("tello", 0, task=42) == 8
     assert lengths.expected("tello", 0, task=43) == pytest.approx(11 / 3)
-    assert lengths.worst("tello", 0, task=42) == TELLO.segment_max_tokens  # min(k * 8, N_max)
-    assert lengths.worst("tello", 0, k=2) == pytest.approx(22 / 3)
 
 
 def test_uncached_tokens_of_waiting_suspended_and_running_generations():
@@ -127,8 +125,14 @@ def test_wcet_uses_the_pessimistic_length_and_the_estimator():
     r.seg_tokens = 2
     for _ in range(3):
         times.observe(r, 0, 1)  # tiny segments: k * 1 = 5 < N_max = 10
+    times.join([900] * 2, max_batch=None)
     step = ESTIMATOR.decode_step(3, 3 * 900)
-    assert times.wcet(r, 3) == pytest.approx((PESSIMISTIC_FACTOR - 2) * step)
+    assert times.wcet(r, 3) == pytest.approx((PESSIMISTIC_FACTOR * 1 - 2) * step)  # k * N̂ < N_max
+    for _ in range(5):
+        times.observe(r, 0, 8)
+    assert times.wcet(r, 3) == pytest.approx((TELLO.segment_max_tokens - 2) * step)  # capped at N_max
+    queued = request("q", prompt_len=900)
+    assert times.wcet(queued, 3) == pytest.approx(ESTIMATOR.prefill_extra(900, 900) + TELLO.segment_max_tokens * step)
     with pytest.raises(ValueError, match="pessimistic factor"):
         SegmentTimes(ESTIMATOR, SKILLS, 16, k=0.5)
 

@@ -114,10 +114,6 @@ class SegmentLengths:
                 return found.prediction()
         return self._robot_histogram(robot, index).prediction()
 
-    def worst(self, robot: str, index: int, task: int | None = None, k: float = PESSIMISTIC_FACTOR) -> float:
-        """TimeBill's pessimistic length min(k·N̂, N_max), N_max the skill model's maximum segment length."""
-        return min(k * self.expected(robot, index, task), float(self._max.get(robot, 1)))
-
     def observe(self, robot: str, index: int, tokens: int, task: int | None = None) -> None:
         if tokens <= 0:
             return
@@ -185,6 +181,7 @@ class SegmentTimes:
         self._warm_hits: dict[int, int] = {}
         self._batch = 1
         self._kv_per_seq = 0.0
+        self._token_time_at: dict[int, float] = {}
 
     def warmed(self, prompt_ids: Sequence[int]) -> None:
         """A prompt prefix the server put in the prefix cache (requests starting with it find it there)."""
@@ -196,12 +193,14 @@ class SegmentTimes:
         batch = len(contexts) + 1
         self._batch = batch if max_batch is None else min(batch, max_batch)
         self._kv_per_seq = sum(contexts) / len(contexts) if contexts else 0.0
+        self._token_time_at.clear()
 
     def record_step(self, duration: float, batch: int, kv_tokens: int) -> None:
         """One engine step over ``batch`` generations attending over ``kv_tokens`` context tokens."""
         modelled = self.estimator.decode_step(batch, kv_tokens)
         if modelled > 0:
             self.step_factor += STEP_FACTOR_WEIGHT * (duration / modelled - self.step_factor)
+            self._token_time_at.clear()
 
     def token_time(self, batch: int | None = None, context: float = 0.0) -> float:
         """Predicted time per generated token at ``batch`` (default: the batch a queued generation would
@@ -245,11 +244,20 @@ class SegmentTimes:
         return self.prefill_time(request, uncached) + tokens * self.token_time(batch, request.context_tokens)
 
     def wcet(self, request: Request, batch: int) -> float:
-        """Worst case for ``request`` to finish its current segment in a batch of ``batch`` (TimeBill Eq. 9)."""
-        worst = self.lengths.worst(request.robot.robot, request.seg_index, self._task(request), self.k)
-        left = max(worst - request.seg_tokens, 1.0)
-        prefill = self.prefill_time(request, self.uncached_tokens(request))
-        return prefill + left * self.token_time(batch, request.context_tokens)
+        """Worst case for ``request`` to finish its current segment in a batch of ``batch`` (TimeBill Eq. 9).
+
+        The batch controller asks this for every running generation at every admission: the token
+        time per batch size is computed once per scheduling point.
+        """
+        robot = request.robot
+        expected = self.lengths.expected(robot.robot, len(request.segments), self._task(request))
+        left = max(min(self.k * expected, robot.segment_max_tokens) - request.seg_tokens, 1.0)
+        step = self._token_time_at.get(batch)
+        if step is None:
+            step = self._token_time_at[batch] = self.token_time(batch, request.context_tokens)
+        if request.status is Status.RUNNING:
+            return left * step
+        return self.prefill_time(request, self.uncached_tokens(request)) + left * step
 
     def observe(self, request: Request, index: int, tokens: int) -> None:
         """Segment ``index`` of ``request`` was dispatched after ``tokens`` generated tokens."""
