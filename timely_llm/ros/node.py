@@ -82,8 +82,9 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "max_model_len": (2048, "engine vllm: longest prompt + plan in tokens"),
     "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB"),
     "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),
-    "estimator_profile": ("", "feature timebill: the engine's step-time profile (name or YAML file from timely-llm "
-                              "profile); empty = hw_profile on sim, the shipped SmolLM2 fit on vllm"),
+    "estimator_profile": ("", "features timebill, deferred_prefill: the engine's step-time profile (name or "
+                              "YAML file from timely-llm profile); empty = hw_profile on sim, the shipped SmolLM2 "
+                              "fit on vllm"),
     "skill_models": (Parameter.Type.STRING_ARRAY, "skill-model YAML files; empty = the shipped ones"),
     "policy": ("timelyllm", f"serving policy: {', '.join(POLICIES)}"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
@@ -208,7 +209,7 @@ class TimelyLlmNode(LifecycleNode):
         files = [f for f in self.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
         skills = load_skill_models(files or None)
         features = Features.parse(self._param("features"))
-        estimator = self._estimator() if features.timebill else None
+        estimator = self._estimator() if features.timebill or features.deferred_prefill else None
         engine = self._make_engine()
         server = Server(engine, skills, POLICIES[policy], self.clock, self._param("network_latency"),
                         self._param("max_batch") or None, self._param("max_new_tokens"),
@@ -226,7 +227,8 @@ class TimelyLlmNode(LifecycleNode):
         profile = estimator_profile(self._param("estimator_profile"), self._param("engine"),
                                     self._param("model") or None, self._param("hw_profile"))
         if profile is None:
-            raise ValueError(f"feature timebill needs parameter estimator_profile for model {self._param('model')!r} "
+            raise ValueError("features timebill and deferred_prefill need parameter estimator_profile for model "
+                             f"{self._param('model')!r} "
                              "(write one with timely-llm profile)")
         return ExecutionTimeEstimator.from_profile(profile)
 
