@@ -3,15 +3,16 @@
 from collections.abc import Iterator
 
 import pytest
-from record_checks import check_record
+from record_checks import check_record, check_shed_record
 
 from timely_llm.core.features import Features
 from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.vllm_engine import VllmEngine
 from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
-from timely_llm.workloads.generator import WorkloadSpec, generate
+from timely_llm.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, generate
 from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.vllm
@@ -73,3 +74,16 @@ def test_timebill_runs_on_vllm_with_the_estimator_fitted_there(engine):
     constants = {m.segment_generation_time for m in SKILLS.values()}
     predicted = [s["predicted_gen_time"] for r in result["requests"] for s in r["segments"] if s["tokens"]]
     assert predicted and not constants & set(predicted)  # every G(s) came from the fitted estimator
+
+
+def test_shed_runs_on_vllm_ending_what_cannot_meet_its_cut_off(engine):
+    impossible, generous = TUF(0.0, -100.0, 1.0), TUF(60.0, -1.0, 1.0)  # cut-offs 10 ms and 61 s
+    workload = Workload("mixed", 0.008, tuple(WorkloadRequest(f"r{i}", 0.1 * i, f"a{i}", trace, tuf) for i, (trace, tuf)
+                                             in enumerate([(6, generous), (7, impossible), (1, generous)])))
+    result = run_bench(workload, "timelyllm", EngineSetup.real("vllm:tiny", engine), SKILLS, CATALOG, seed=3,
+                       max_batch=1, features=Features(shed=True))
+    records = {r["id"]: r for r in result["requests"]}
+    check_shed_record(records["r1"], SKILLS["tello"].segment_generation_time, workload.network_latency)
+    for rid in ("r0", "r2"):
+        check_record(records[rid], workload.network_latency)
+    assert result["counters"] == {"shed": 1} and result["summary"]["all"]["shed"] == 1
