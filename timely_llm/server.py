@@ -418,7 +418,9 @@ class Server:
     def _deferred_prefill(self, estimator: ExecutionTimeEstimator | None) -> DeferredPrefill:
         """K* from the engine's step model read as paper 004's affine one: a prefill on its own is a
         step (c_p = the step intercept, t_p per token), TBT = the same intercept + t_d·B; a generation
-        leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length)."""
+        leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
+        The simulator, like vLLM V1's chunked prefill, runs a prefill inside a decode step and pays
+        no separate c_p: there deferring saves no time and only reorders who is served (README)."""
         if estimator is None:
             raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
         mean_segment = sum(r.segment_max_tokens for r in self.robots.values()) / max(len(self.robots), 1)

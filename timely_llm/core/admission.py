@@ -1,9 +1,10 @@
-"""Memory-safe admission under length uncertainty (Amin, Algorithm 2 of the Amax/Amin paper).
+"""Admission: memory-safe admission under length uncertainty (Amin) and deferred prefill (K*).
 
-How many tokens a generation still writes before its segment ends is known only as an
-interval ``[lower, upper]``: at least the shortest segment its robot type has produced
-(at least one token), at most the segment's maximum length. Amin plans with the lower
-bound, which it raises as tokens arrive, and resolves a memory overflow itself:
+**Amin** (Algorithm 2 of the Amax/Amin paper). How many tokens a generation still writes
+before its segment ends is known only as an interval ``[lower, upper]``: at least the
+shortest segment its robot type has produced (at least one token), at most the segment's
+maximum length. Amin plans with the lower bound, which it raises as tokens arrive, and
+resolves a memory overflow itself:
 
 * **Overflow resolution.** When the blocks the running generations need for the next
   step exceed the free KV blocks, suspend running generations (their token ids kept,
@@ -20,6 +21,9 @@ A newcomer's context is counted less the blocks other generations already hold f
 (a robot's shared prompt), as the engine reports them (``Engine.blocks_to_start``): counted
 in full for every newcomer, as the plain rule does, admission by the lower bound would
 admit one generation at a time.
+
+**Deferred prefill** (paper 004): ``departure_threshold`` gives K*, ``DeferredPrefill``
+holds prefills back under backlog until K* generations have left the batch.
 """
 
 from __future__ import annotations

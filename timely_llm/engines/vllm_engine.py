@@ -245,10 +245,12 @@ class VllmEngine(Engine):
         """vLLM's own recompute preemptions this step. vLLM does not say how much of a preempted
         request's context its prefix cache serves back, so the recomputed tokens counted are all
         the tokens it held (an upper bound)."""
-        requests = self._scheduler().requests
-        for gen_id, gen in self._gens.items():
-            request = requests.get(gen.request_id) if gen.request_id is not None else None
-            if request is not None and request.num_preemptions > gen.preemptions:
+        for request in self._scheduler().requests.values():
+            # vLLM keys its requests by an internal id: ours plus "-" and a random suffix
+            rid = request.request_id
+            gen_id = self._by_request.get(rid) or self._by_request.get(rid.rpartition("-")[0])
+            gen = self._gens.get(gen_id) if gen_id is not None else None
+            if gen is not None and request.num_preemptions > gen.preemptions:
                 gen.preemptions = request.num_preemptions
                 result.preempted.append(gen_id)
                 result.recomputed_tokens += request.num_tokens
