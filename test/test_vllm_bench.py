@@ -87,3 +87,15 @@ def test_shed_runs_on_vllm_ending_what_cannot_meet_its_cut_off(engine):
     for rid in ("r0", "r2"):
         check_record(records[rid], workload.network_latency)
     assert result["counters"] == {"shed": 1} and result["summary"]["all"]["shed"] == 1
+
+
+def test_ala_runs_on_vllm_with_a_prior_from_the_fitted_profile(engine):
+    measured = measure_steps(engine, [64, 256], [1, 2, 4], decode_steps=3)
+    fitted = fit_profile(measured, "tiny-cpu", load_profile("rtx4090-llama3-8b").memory, 2048)
+    workload = generate(WorkloadSpec("short", 1.0, 4, (1, 6, 7, 9), 8, 4.0), CATALOG, SKILLS, seed=3)
+    for profile in (fitted, None):  # with a prior, and learning from measured steps alone
+        result = run_bench(workload, "timelyllm", EngineSetup.real("vllm:tiny", engine, profile), SKILLS, CATALOG,
+                           seed=3, max_batch=4, features=Features(ala=True))
+        assert result["features"] == "ala" and len(result["requests"]) == len(workload.requests)
+        for rec in result["requests"]:
+            check_record(rec, workload.network_latency)

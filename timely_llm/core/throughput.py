@@ -38,7 +38,10 @@ PRIOR_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Batch sizes the profile prior is derived on (and so, for the confidence, has seen)."""
 TYPICAL_CONTEXT = 1024
 """Context tokens per generation at which the profile prior is derived (robot prompts are ~900)."""
-_B_GRID = np.geomspace(1e-3, 10.0, 64)
+B_RANGE = (1e-3, 10.0)
+"""Rate parameters b searched (per generation): saturation after ~1,000 generations to after one."""
+GRID_POINTS = 33
+ZOOMS = 4
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,9 @@ def fit_curve(batch_sizes: Iterable[float], throughputs: Iterable[float],
     Each point's squared error is divided by its throughput squared (times its weight, e.g. the
     steps measured there), so small batches, whose steps the urgent generations live by, count
     as much as large ones. For a fixed b the model is linear in (c, a): the fit solves that 2x2
-    problem in closed form over a log-spaced grid of b, then refines b by golden-section search
-    around the best. a is kept >= 0 (throughput does not fall as the batch grows).
+    problem in closed form over a log-spaced grid of b at once, then zooms in around the best
+    grid point (ZOOMS rounds: b to ~1e-4 relative). a is kept >= 0 (throughput does not fall as the
+    batch grows).
     """
     x = np.asarray(list(batch_sizes), dtype=float)
     y = np.asarray(list(throughputs), dtype=float)
@@ -90,13 +94,13 @@ def fit_curve(batch_sizes: Iterable[float], throughputs: Iterable[float],
     if len(np.unique(x)) < 3 or (y <= 0).any():
         return None
     w = w / (y * y)
-    sse, a, c = _solve(_B_GRID, x, y, w)
-    best = int(np.argmin(sse))
-    lo, hi = math.log(_B_GRID[max(best - 1, 0)]), math.log(_B_GRID[min(best + 1, len(_B_GRID) - 1)])
-    log_b = _golden(lambda lb: float(_solve(np.array([math.exp(lb)]), x, y, w)[0][0]), lo, hi)
-    b = math.exp(log_b)
-    _, a_fit, c_fit = _solve(np.array([b]), x, y, w)
-    return ThroughputCurve(float(a_fit[0]), b, float(c_fit[0]))
+    lo, hi = math.log(B_RANGE[0]), math.log(B_RANGE[1])
+    for _ in range(ZOOMS):  # each round: the best of a log-spaced grid, then the grid between its neighbours
+        grid = np.exp(np.linspace(lo, hi, GRID_POINTS))
+        sse, a, c = _solve(grid, x, y, w)
+        best = int(np.argmin(sse))
+        lo, hi = math.log(grid[max(best - 1, 0)]), math.log(grid[min(best + 1, GRID_POINTS - 1)])
+    return ThroughputCurve(float(a[best]), float(grid[best]), float(c[best]))
 
 
 def _solve(bs: np.ndarray, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -113,22 +117,6 @@ def _solve(bs: np.ndarray, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple
     slope = np.where(flat, 0.0, slope)
     sse = syy - 2 * c * sy - 2 * slope * sey + c * c * sw + 2 * c * slope * se + slope * slope * see
     return sse, -slope, c
-
-
-def _golden(f: Callable[[float], float], lo: float, hi: float, iterations: int = 30) -> float:
-    ratio = (math.sqrt(5) - 1) / 2
-    x1, x2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    f1, f2 = f(x1), f(x2)
-    for _ in range(iterations):
-        if f1 <= f2:
-            hi, x2, f2 = x2, x1, f1
-            x1 = hi - ratio * (hi - lo)
-            f1 = f(x1)
-        else:
-            lo, x1, f1 = x1, x2, f2
-            x2 = lo + ratio * (hi - lo)
-            f2 = f(x2)
-    return (lo + hi) / 2
 
 
 def confidence(batch: int, seen: Iterable[int]) -> float:
@@ -154,6 +142,7 @@ class ThroughputModel:
         self._online: ThroughputCurve | None = None
         self._seen: tuple[int, ...] = ()
         self._knee: dict[int, int | None] = {}
+        self._step: dict[int, float | None] = {}  # predictions since the last refit
 
     def record(self, batch: int, duration: float) -> None:
         """One decode step of ``batch`` generations that took ``duration`` seconds."""
@@ -167,9 +156,12 @@ class ThroughputModel:
     @property
     def online(self) -> ThroughputCurve | None:
         """The curve fitted to the measured steps (refitted every REFIT_EVERY steps)."""
+        self._refresh()
+        return self._online
+
+    def _refresh(self) -> None:
         if self._since_fit >= REFIT_EVERY:
             self._refit()
-        return self._online
 
     def _refit(self) -> None:
         self._since_fit = 0
@@ -178,6 +170,7 @@ class ThroughputModel:
         if fitted is not None:
             self._online, self._seen = fitted, tuple(seen)
             self._knee.clear()
+            self._step.clear()
 
     def source(self, batch: int) -> tuple[ThroughputCurve, float] | None:
         """The curve to read at ``batch`` and its confidence there: online first, then the prior; None if
@@ -195,16 +188,19 @@ class ThroughputModel:
 
     def step_time(self, batch: int) -> float | None:
         """Predicted seconds per decode step at ``batch``; None where no curve is confident."""
-        found = self.source(batch)
-        return None if found is None else found[0].step_time(batch)
+        self._refresh()  # before reading the cache, which a refit clears
+        if batch not in self._step:
+            found = self.source(batch)
+            self._step[batch] = None if found is None else found[0].step_time(batch)
+        return self._step[batch]
 
     def knee(self, limit: int) -> int | None:
         """The batch size past which growth stops paying (``ThroughputCurve.knee``), from a curve confident
         there; None when none is."""
-        online = self.online
+        self._refresh()
         if limit not in self._knee:
             self._knee[limit] = None
-            for curve in (online, self.prior):
+            for curve in (self._online, self.prior):
                 if curve is None:
                     continue
                 knee = curve.knee(limit)
