@@ -76,10 +76,12 @@ def test_block_counts_follow_the_kv_written_next():
     amin = AminAdmission(blocks_for, lambda ids: blocks_for(len(ids)) - 2)  # two blocks shared with others
     amin.segments.observe("tello", 4)
     # context 33: 32 tokens' KV written (2 full blocks); the next step writes the 33rd: a new block
-    assert amin.growth(drone_request(prompt=33)) == 1
-    assert amin.growth(drone_request(prompt=34)) == 0
+    assert amin.demand([drone_request(prompt=33)])[0] == 1
+    assert amin.demand([drone_request(prompt=34)])[0] == 0
     # 4 more tokens from context 30 write KV up to 33 tokens: one block beyond the 2 held
     assert amin.reserve(drone_request(prompt=30)) == 1
+    running = [drone_request(prompt=p) for p in (30, 33, 34, 47)]
+    assert amin.demand(running) == (1, sum(amin.reserve(r) for r in running))
     # a newcomer: its context less the shared blocks, plus its segment's lower bound
     assert amin.needed(drone_request(prompt=40)) == blocks_for(40) - 2 + blocks_for(44) - blocks_for(40)
 

@@ -408,12 +408,14 @@ class Server:
     def _evict_on_overflow(self) -> int:
         """Amin's overflow resolution: suspend running generations, in its eviction order, until the
         next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
-        if self.amin.shortfall(self.running.values(), self.engine.free_kv_blocks()) > 0:
+        growth, reserve = self.amin.demand(self.running.values())
+        if growth > self.engine.free_kv_blocks():
             for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
                 self._evict(victim)
-                if self.amin.shortfall(self.running.values(), self.engine.free_kv_blocks()) <= 0:
+                growth, reserve = self.amin.demand(self.running.values())
+                if growth <= self.engine.free_kv_blocks():
                     break
-        return sum(self.amin.reserve(r) for r in self.running.values())
+        return reserve
 
     def _deferred_prefill(self, estimator: ExecutionTimeEstimator | None) -> DeferredPrefill:
         """K* from the engine's step model read as paper 004's affine one: a prefill on its own is a

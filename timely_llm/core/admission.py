@@ -71,11 +71,6 @@ class AminAdmission:
         lower = max(self.segments.lower(request.robot.robot) - request.seg_tokens, 1)
         return LengthBounds(lower, max(seg_max - request.seg_tokens, lower))
 
-    def growth(self, request: Request) -> int:
-        """Blocks a running generation takes in the next step: the last token's KV is written then."""
-        context = request.context_tokens
-        return self.blocks_for(context) - self.blocks_for(context - 1)
-
     def reserve(self, request: Request) -> int:
         """Blocks a running generation still takes before reaching its lower bound."""
         context = request.context_tokens
@@ -95,9 +90,15 @@ class AminAdmission:
         (smallest certified lower bound) first, then the least urgent (latest dispatch deadline)."""
         return sorted(running, key=lambda r: (len(r.output_ids), -r.dispatch_deadline(network_latency)))
 
-    def shortfall(self, running: Iterable[Request], free_blocks: int) -> int:
-        """Blocks the next step needs beyond ``free_blocks`` (<= 0: it fits)."""
-        return sum(self.growth(r) for r in running) - free_blocks
+    def demand(self, running: Iterable[Request]) -> tuple[int, int]:
+        """(blocks the next step takes, blocks to reach every lower bound) of the running generations.
+        A running generation writes its last token's KV in the next step."""
+        growth = reserve = 0
+        for r in running:
+            written = self.blocks_for(r.context_tokens - 1)
+            growth += self.blocks_for(r.context_tokens) - written
+            reserve += self.blocks_for(r.context_tokens - 1 + self.bounds(r).lower) - written
+        return growth, reserve
 
 
 def departure_threshold(stall: float, step_base: float, capacity: int, alpha: float) -> int:
