@@ -17,7 +17,7 @@ from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import SimulatedRobots, Simulation
-from timely_llm.evaluation.metrics import shed_utility, summarize
+from timely_llm.evaluation.metrics import markdown_table, shed_utility, summarize
 from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.workloads.traces import load_catalog
 
@@ -238,3 +238,13 @@ def test_summary_without_shed_requests_has_equal_figures() -> None:
     summary = summarize([_record("a", "succeeded", 1.5), from_ros])["all"]
     assert summary["shed"] == 0 and summary["mean_utility_with_shed"] == summary["mean_utility"] == 1.5
     assert math.isfinite(summary["mean_utility"])
+
+
+def test_tables_show_shed_counts_only_when_something_was_shed() -> None:
+    served = _record("a", "succeeded", 2.0, segments=[{"exec_end": 50.0}])
+    shed = _record("b", "aborted", None, shed=True, infeasible_at=10.0, best_response=0.6)
+    result = {"workload": "w", "policy": "timelyllm"}
+    with_shed = markdown_table([{**result, "summary": summarize([served, shed])}])
+    assert "| shed | utility with shed |" in with_shed.splitlines()[0]
+    assert with_shed.splitlines()[-1].endswith(f"| 1 | {(2.0 + URGENT_TUF(40.6)) / 2:.3f} |")
+    assert "shed" not in markdown_table([{**result, "summary": summarize([served])}])

@@ -55,14 +55,19 @@ def shed_utility(record: dict, end: float) -> float:
 
 
 def markdown_table(results: list[dict]) -> str:
-    """One row per (workload, policy, category): mean utility, response and waiting time."""
-    lines = ["| workload | policy | category | n | utility | response (s) | waiting (s) |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    """One row per (workload, policy, category): mean utility, response and waiting time; when any
+    request was shed, also the shed count and the utility with the shed requests counted."""
+    shed = any(s.get("shed") for result in results for s in result["summary"].values())
+    head = "| workload | policy | category | n | utility | response (s) | waiting (s) |"
+    lines = [head + (" shed | utility with shed |" if shed else ""),
+             "|---|---|---|---:|---:|---:|---:|" + ("---:|---:|" if shed else "")]
     for result in results:
         for category, s in result["summary"].items():
             if category == "all":
                 continue
             cells = [fmt_metric(s[f"mean_{m}"]) for m in ("utility", "response_time", "waiting_time")]
+            if shed:
+                cells += [str(s.get("shed", 0)), fmt_metric(s.get("mean_utility_with_shed"))]
             lines.append(f"| {result['workload']} | {result['policy']} | {category} | {s['count']} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
