@@ -99,3 +99,14 @@ def test_ala_runs_on_vllm_with_a_prior_from_the_fitted_profile(engine):
         assert result["features"] == "ala" and len(result["requests"]) == len(workload.requests)
         for rec in result["requests"]:
             check_record(rec, workload.network_latency)
+
+
+def test_amin_and_deferred_prefill_run_on_vllm(engine):
+    # K* from a GPU profile's step intercept (> 1): the deferral path runs too; every request still ends.
+    workload = generate(WorkloadSpec("short", 2.0, 4, (1, 6, 7, 9), 8, 6.0), CATALOG, SKILLS, seed=3)
+    setup = EngineSetup.real("vllm:tiny", engine, load_profile("rtx4090-llama3-8b"))
+    result = run_bench(workload, "timelyllm", setup, SKILLS, CATALOG, seed=3, max_batch=4,
+                       features=Features(amin=True, deferred_prefill=True))
+    assert result["features"] == "amin,deferred_prefill" and len(result["requests"]) == len(workload.requests)
+    for rec in result["requests"]:
+        check_record(rec, workload.network_latency)
