@@ -32,3 +32,18 @@ def test_sweep_runs_each_set_under_our_policies_and_the_baselines_once_without()
     assert sorted((p["policy"], p["features"]) for p in points) == [
         ("timelyllm", "all"), ("timelyllm", "none"), ("vllm-stream", "none")]
     assert sorted(map(series, points)) == ["timelyllm [all]", "timelyllm [none]", "vllm-stream"]
+
+
+def test_the_vllm_baselines_run_without_parts_and_ours_with_them():
+    from timely_llm.clock import VirtualClock
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.engines.hardware import load_profile
+    from timely_llm.engines.sim import SimEngine
+    from timely_llm.server import POLICIES, Server
+
+    parts = Features.parse("amin,ala")
+    for name, policy in POLICIES.items():
+        server = Server(SimEngine(load_profile("rtx4090-llama3-8b")), load_skill_models(), policy, VirtualClock(),
+                        features=parts)
+        assert server.features == (parts if policy.segmented else Features()), name
+        assert (server.amin is not None) == policy.segmented, name

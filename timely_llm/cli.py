@@ -290,7 +290,7 @@ def _add_ablation(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation import ablation, sweep
 
     p.description = ("Run timelyllm on each point once per set of scheduler parts (default: none, each part alone, "
-                     "all) on the virtual clock; write one JSON and print the table.")
+                     "the default set, all) on the virtual clock; write one JSON and print the table.")
     p.add_argument("--points", nargs="+", type=_ablation_point, default=[pt.name for pt in ablation.POINTS],
                    metavar="POINT", help="WORKLOAD@HW[/CAP][/kvGIB]: a built-in workload or map:N (the load map's "
                                          "workload of N agents), e.g. WID2@rtx4090-llama3-8b/8 "

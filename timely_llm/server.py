@@ -72,6 +72,12 @@ POLICIES = {
     )
 }
 
+def parts_of(policy: ServingPolicy, features: Features) -> Features:
+    """The scheduler parts a policy runs with: the unsegmented policies are the vLLM baselines and
+    run as vLLM does, without any."""
+    return features if policy.segmented else Features()
+
+
 DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs: the batch cap of every policy unless one is given
 
 
@@ -107,9 +113,11 @@ class Server:
                  on_finish: Callable[[Request], None] | None = None,
                  features: Features = DEFAULT_FEATURES, estimator: ExecutionTimeEstimator | None = None,
                  on_infeasible: Callable[[Request], None] | None = None) -> None:
-        """``estimator``: the engine's step-time model, needed by the ``timebill`` feature (``ala`` derives
-        its throughput prior from it when given)."""
+        """``features``: the scheduler parts on; they apply to the segmented policies only (the unsegmented
+        ones are the vLLM baselines). ``estimator``: the engine's step-time model, needed by the ``timebill``
+        feature (``ala`` derives its throughput prior from it when given)."""
         self.engine = engine
+        features = parts_of(policy, features)
         self.features = features
         self.robots = robots
         self.policy = policy

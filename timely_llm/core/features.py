@@ -56,5 +56,6 @@ class Features:
         return "all" if len(self.on) == len(self.names()) else ",".join(self.on)
 
 
-DEFAULT = Features()
-"""The parts on when nothing is said (bench, sweep, node)."""
+DEFAULT = Features(amin=True, ala=True)
+"""The parts on when nothing is said (bench, sweep, node): those the ablation shows helping urgent requests
+where their resource is scarce (KV memory: amin; batch slots on edge GPUs: ala) and changing nothing elsewhere."""

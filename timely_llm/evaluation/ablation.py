@@ -1,4 +1,4 @@
-"""The ablation of the scheduler's parts: each part alone, all of them and none, on chosen points.
+"""The ablation of the scheduler's parts: none, each part alone, the default set and all, on chosen points.
 
 A point is a workload (a built-in one, or a load-map workload of N agents), a hardware
 profile, a batch cap and optionally the KV memory; every point runs ``timelyllm`` once
@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from timely_llm.core.features import Features
+from timely_llm.core.features import DEFAULT, Features
 from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.hardware import load_profile
 from timely_llm.evaluation.harness import run_bench
@@ -66,15 +66,15 @@ class Point:
 POINTS = (
     Point("WID1", RTX, 8), Point("WID2", RTX, 8), Point("WID3", RTX, 8),
     Point("map:200", RTX, 8), Point("map:400", RTX, 8), Point("map:800", RTX, 8), Point("map:800", RTX, 16),
-    Point("map:400", RTX, None, kv_gib=0.25),
+    Point("map:200", RTX, 64, kv_gib=0.15),
     Point("map:50", AGX, 8), Point("map:200", AGX, 8), Point("map:50", AGX, None),
 )
 """The load map's scarce points (batch cap, KV memory, an edge GPU, overload) and WID1-3."""
 
 
 def feature_sets() -> tuple[str, ...]:
-    """None, each part alone, all of them."""
-    return ("none", *Features.names(), "all")
+    """None, each part alone, the default set, all of them (each once)."""
+    return tuple(dict.fromkeys(("none", *Features.names(), DEFAULT.label(), "all")))
 
 
 def run_ablation(points: tuple[Point, ...], sets: tuple[str, ...], duration: float = 100.0, seed: int = 3,
@@ -108,21 +108,30 @@ def _run(job: tuple[Point, str, float, int, int]) -> dict:
             "counters": result["counters"], "wall_s": time.perf_counter() - started}
 
 
-COUNTERS = ("preemptions", "recomputed_tokens", "shed")
+COUNTERS = ("preemptions", "amin_evictions", "recomputed_tokens", "shed")
 CATEGORIES = ("urgent", "normal", "arm")
 
 
 def markdown_table(ablation: dict) -> str:
-    """One row per (point, set of parts): utility and response per category, then the counters."""
+    """One row per (point, set of parts): utility and response per category, then the counters.
+
+    A utility cell is the mean over served requests; where requests were shed it is followed by the
+    mean with them put back in (``metrics.summarize``), in parentheses.
+    """
     head = ["point", "parts", *(f"{c} u" for c in CATEGORIES), *(f"{c} resp (s)" for c in CATEGORIES), *COUNTERS]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for row in ablation["rows"]:
         summary = row["summary"]
-        cells = [fmt_metric(summary.get(c, {}).get(f"mean_{metric}"))
-                 for metric in ("utility", "response_time") for c in CATEGORIES]
+        cells = [_utility(summary.get(c, {})) for c in CATEGORIES]
+        cells += [fmt_metric(summary.get(c, {}).get("mean_response_time")) for c in CATEGORIES]
         cells += [str(row["counters"].get(c, 0)) for c in COUNTERS]
         lines.append(f"| {row['point']} | {row['features']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _utility(summary: dict) -> str:
+    served = fmt_metric(summary.get("mean_utility"))
+    return f"{served} ({fmt_metric(summary['mean_utility_with_shed'])})" if summary.get("shed") else served
 
 
 def is_ablation(data: object) -> bool:

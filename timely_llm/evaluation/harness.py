@@ -25,7 +25,7 @@ from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.metrics import summarize
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import POLICIES, PlanRequest, Server, parts_of
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -116,6 +116,8 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
         setup = EngineSetup.simulator(setup)
+    if policy in POLICIES:
+        features = parts_of(POLICIES[policy], features)
     if policy == "isolated":
         if setup.new_clock is not VirtualClock:
             raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")

@@ -26,13 +26,14 @@ from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.engines.hardware import HardwareProfile, load_profile
 from timely_llm.evaluation.harness import run_bench
 from timely_llm.evaluation.metrics import fmt_metric
+from timely_llm.server import POLICIES as SERVING_POLICIES
 from timely_llm.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 AGENTS = (25, 50, 100, 200, 400, 800)
 CAPS: tuple[int | None, ...] = (8, 16, 64, None)
 POLICIES = ("vllm-stream", "vllm-priority", "timelyllm")
-BASELINES = ("vllm", "vllm-stream", "vllm-priority")
+BASELINES = tuple(name for name, policy in SERVING_POLICIES.items() if not policy.segmented)
 EVENTS_PER_AGENT = 0.25 / 42  # WID2: 0.25 events/s over 42 agents
 MAX_TASKS_PER_EVENT = 16
 TRACES = tuple(range(1, 9))
