@@ -88,7 +88,10 @@ def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> I
         try:
             yield running
             running.proc.send_signal(signal.SIGINT)
-            code = running.proc.wait(STOP_TIMEOUT_S)
+            try:
+                code = running.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running {STOP_TIMEOUT_S} s after SIGINT:\n{running.output()}")
             assert code == 0, f"exit code {code}:\n{running.output()}"
         finally:
             if running.proc.poll() is None:
