@@ -84,7 +84,7 @@ def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> I
     """``argv`` running; on exit SIGINT, and it must exit 0 in time (its output is shown if not)."""
     with tempfile.TemporaryFile("w+") as log:
         running = Running(subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True), log)
+                                           start_new_session=True, preexec_fn=_default_sigint), log)
         try:
             yield running
             running.proc.send_signal(signal.SIGINT)
@@ -97,6 +97,14 @@ def _process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> I
             if running.proc.poll() is None:
                 os.killpg(running.proc.pid, signal.SIGKILL)
                 running.proc.wait()
+
+
+def _default_sigint() -> None:
+    """In the child: SIGINT as a user's shell leaves it. An ignored or blocked SIGINT is inherited through exec,
+    and the test process's may have been changed by what ran in it before (in-process engines, rclpy); the
+    launched process then never sees the SIGINT the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _parameters(node: Node, server: Running, names: list[str]) -> dict[str, object]:
