@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 import pytest
 from guards import wait_until
 
+from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.skills import load_skill_models
+from timely_llm.core.throughput import TYPICAL_CONTEXT, derive_curve
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
@@ -25,6 +27,7 @@ from timely_llm.ros.fleet import cut, fleet_result, run_fleet, server_node
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, ServerStatus
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.node import NodeStartError
 from timely_llm.ros.robot_client import (
     PlanLink,
     RobotClient,
@@ -117,6 +120,21 @@ def test_timebill_feature_takes_its_estimator_from_the_hw_profile(session: tuple
     assert outcome.status == "succeeded", outcome.result.reason
     assert times is not None and times.estimator.c == load_profile("h100-llama3-8b").step["base"]
     assert times.lengths.expected("tello", 0) != SKILLS["tello"].segment_max_tokens / 2  # learned from the plan
+
+
+def test_ala_takes_the_prior_bench_gives_it_from_the_hw_profile(session: tuple) -> None:
+    profile = load_profile("jetson-agx-orin-64gb-llama3-8b-q4")
+    step = ExecutionTimeEstimator.from_profile(profile).decode_step
+    with server_node(session[1], session[0], features="amin,ala", hw_profile=profile.name) as node:
+        throughput = node.server.batch.throughput
+    assert throughput.prior == derive_curve(lambda batch: step(batch, batch * TYPICAL_CONTEXT))
+    assert throughput.knee(64) < 64  # the edge GPU's curve bends early: a batch limit before any step is measured
+
+
+def test_a_node_whose_parts_need_a_missing_profile_refuses_before_loading_the_engine(session: tuple) -> None:
+    with pytest.raises(NodeStartError, match="need parameter estimator_profile for model 'tiny'"), \
+            server_node(session[1], session[0], engine="vllm", model="tiny", features="timebill"):
+        pass
 
 
 ARM_HEAD_START_STEPS = 5

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from timely_llm.core.features import Features
 from timely_llm.core.request import Request, Status
 from timely_llm.core.skills import SkillModel
 
@@ -87,6 +88,20 @@ class ExecutionTimeEstimator:
     def decode_step(self, batch: int, kv_tokens: float) -> float:
         """One decode step of ``batch`` generations attending over ``kv_tokens`` context tokens in all."""
         return self.c + self.s * batch + self.p * kv_tokens
+
+
+def estimator_for(features: Features, profile: HardwareProfile | None,
+                  missing: str) -> ExecutionTimeEstimator | None:
+    """The engine's step-time model as the server's parts take it (bench and node alike): ``timebill`` and
+    ``deferred_prefill`` need it (ValueError saying ``missing`` without a profile), ``ala`` derives its
+    throughput prior from it where there is a profile (else it fits online only); None when no part uses it."""
+    if profile is None:
+        if features.timebill or features.deferred_prefill:
+            raise ValueError(f"the timebill and deferred_prefill features need {missing}")
+        return None
+    if features.timebill or features.deferred_prefill or features.ala:
+        return ExecutionTimeEstimator.from_profile(profile)
+    return None
 
 
 class SegmentLengths:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from timely_llm.clock import VirtualClock, WallClock
-from timely_llm.core.estimator import ExecutionTimeEstimator
+from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment
@@ -99,14 +99,8 @@ class EngineSetup:
         return cls(name, lambda: engine, WallClock, profile)
 
     def estimator(self, features: Features) -> ExecutionTimeEstimator | None:
-        """For TimeBill and deferred prefill (required) and ALA (its throughput prior, when there is a profile)."""
-        needed = features.timebill or features.deferred_prefill
-        if not needed and not (features.ala and self.profile is not None):
-            return None
-        if self.profile is None:
-            raise ValueError(f"the timebill and deferred_prefill features need a step-time profile of {self.name} "
-                             "(fit one with timely-llm profile)")
-        return ExecutionTimeEstimator.from_profile(self.profile)
+        return estimator_for(features, self.profile, f"a step-time profile of {self.name} "
+                                                     "(fit one with timely-llm profile)")
 
 
 def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,

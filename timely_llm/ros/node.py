@@ -46,7 +46,7 @@ from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 
 from timely_llm.clock import WallClock
-from timely_llm.core.estimator import ExecutionTimeEstimator
+from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
@@ -82,9 +82,9 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "max_model_len": (2048, "engine vllm: longest prompt + plan in tokens"),
     "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB"),
     "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),
-    "estimator_profile": ("", "features timebill, deferred_prefill: the engine's step-time profile (name or "
-                              "YAML file from timely-llm profile); empty = hw_profile on sim, the shipped SmolLM2 "
-                              "fit on vllm"),
+    "estimator_profile": ("", "features timebill, deferred_prefill and ala's prior: the engine's step-time profile "
+                              "(name or YAML file from timely-llm profile); empty = hw_profile on sim, the shipped "
+                              "SmolLM2 fit on vllm"),
     "skill_models": (Parameter.Type.STRING_ARRAY, "skill-model YAML files; empty = the shipped ones"),
     "policy": ("timelyllm", f"serving policy: {', '.join(POLICIES)}"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
@@ -209,7 +209,7 @@ class TimelyLlmNode(LifecycleNode):
         files = [f for f in self.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
         skills = load_skill_models(files or None)
         features = Features.parse(self._param("features"))
-        estimator = self._estimator() if features.timebill or features.deferred_prefill else None
+        estimator = self._estimator(features)
         engine = self._make_engine()
         server = Server(engine, skills, POLICIES[policy], self.clock, self._param("network_latency"),
                         self._param("max_batch") or None, self._param("max_new_tokens"),
@@ -221,16 +221,14 @@ class TimelyLlmNode(LifecycleNode):
             engine.tokenizer.encode(trace.plan)
         return server
 
-    def _estimator(self) -> ExecutionTimeEstimator:
+    def _estimator(self, features: Features) -> ExecutionTimeEstimator | None:
+        """The step-time model the parts take, from the profile bench would use (``estimator_profile``)."""
         from timely_llm.engines.hardware import estimator_profile
 
         profile = estimator_profile(self._param("estimator_profile"), self._param("engine"),
                                     self._param("model") or None, self._param("hw_profile"))
-        if profile is None:
-            raise ValueError("features timebill and deferred_prefill need parameter estimator_profile for model "
-                             f"{self._param('model')!r} "
-                             "(write one with timely-llm profile)")
-        return ExecutionTimeEstimator.from_profile(profile)
+        return estimator_for(features, profile, f"parameter estimator_profile for model {self._param('model')!r} "
+                                                "(write one with timely-llm profile)")
 
     def _goal_rules(self, server: Server) -> GoalRules:
         tufs = {c: TUF(*(self._param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta"))) for c in CATEGORIES}
