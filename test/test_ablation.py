@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from timely_llm.cli import main
+from timely_llm.core.features import Features
+from timely_llm.core.skills import load_skill_models
+from timely_llm.engines.hardware import load_profile
 from timely_llm.evaluation.ablation import POINTS, Point, feature_sets, is_ablation, markdown_table, run_ablation
+from timely_llm.evaluation.harness import run_bench
+from timely_llm.evaluation.sweep import with_kv_memory, workload_for
+from timely_llm.workloads.traces import load_catalog
 
 
 def test_points_round_trip_through_their_names():
@@ -53,3 +59,14 @@ def test_cli_refuses_a_point_on_unknown_hardware(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as exc:
         main(["ablation", "--points", "WID1@no-such-gpu/8", "--out", "/tmp/never.json"])
     assert exc.value.code == 2 and "no-such-gpu" in capsys.readouterr().err
+
+
+def test_rows_equal_runs_on_freshly_loaded_inputs_though_the_process_shares_them():
+    point = Point("map:25", "rtx4090-llama3-8b", 8, kv_gib=0.15)
+    plain = Point("map:25", "rtx4090-llama3-8b", 8)
+    shared = run_ablation((plain, point, plain), ("amin",), duration=10.0)["rows"]
+    skills, catalog = load_skill_models(), load_catalog()
+    fresh = run_bench(workload_for(25, 10.0, 3, catalog, skills), "timelyllm",
+                      with_kv_memory(load_profile(point.hw), 0.15), skills, catalog, 0, 8, Features(amin=True))
+    assert shared[1]["summary"] == fresh["summary"] and shared[1]["counters"] == fresh["counters"]
+    assert shared[0]["summary"] == shared[2]["summary"] != shared[1]["summary"]  # the KV cut is its own input

@@ -16,13 +16,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from timely_llm.core.features import DEFAULT, Features
-from timely_llm.core.skills import load_skill_models
-from timely_llm.engines.hardware import load_profile
 from timely_llm.evaluation.harness import run_bench
 from timely_llm.evaluation.metrics import fmt_metric
-from timely_llm.evaluation.sweep import with_kv_memory, workload_for
-from timely_llm.workloads.generator import BUILTIN, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.evaluation.sweep import shared_models, shared_profile, shared_workload
+from timely_llm.workloads.generator import BUILTIN
 
 KIND = "timely-llm ablation"
 RTX, AGX = "rtx4090-llama3-8b", "jetson-agx-orin-64gb-llama3-8b-q4"
@@ -95,12 +92,9 @@ def run_ablation(points: tuple[Point, ...], sets: tuple[str, ...], duration: flo
 
 def _run(job: tuple[Point, str, float, int, int]) -> dict:
     point, parts, duration, seed, bench_seed = job
-    skills, catalog = load_skill_models(), load_catalog()
-    profile = with_kv_memory(load_profile(point.hw), point.kv_gib)
-    if point.workload in BUILTIN:
-        workload = generate(BUILTIN[point.workload], catalog, skills, seed)
-    else:
-        workload = workload_for(int(point.workload[4:]), duration, seed, catalog, skills)
+    skills, catalog = shared_models()
+    profile = shared_profile(point.hw, point.kv_gib)
+    workload = shared_workload(point.workload if point.workload in BUILTIN else int(point.workload[4:]), duration, seed)
     started = time.perf_counter()
     features = Features.parse(parts)
     result = run_bench(workload, "timelyllm", profile, skills, catalog, bench_seed, point.cap, features)

@@ -17,9 +17,10 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from timely_llm.core.features import Features
 from timely_llm.core.skills import SkillModel, load_skill_models
@@ -27,7 +28,7 @@ from timely_llm.engines.hardware import HardwareProfile, load_profile
 from timely_llm.evaluation.harness import run_bench
 from timely_llm.evaluation.metrics import fmt_metric
 from timely_llm.server import POLICIES as SERVING_POLICIES
-from timely_llm.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
+from timely_llm.workloads.generator import BUILTIN, Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 AGENTS = (25, 50, 100, 200, 400, 800)
@@ -105,20 +106,42 @@ def run_grid(grid: Grid, jobs: int = 1) -> dict:
 
 
 _CACHE: dict = {}
+"""Per process: the inputs runs of a sweep or an ablation share (no run changes them)."""
+T = TypeVar("T")
+
+
+def _cached(key: tuple, make: Callable[[], T]) -> T:
+    if key not in _CACHE:
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+def shared_models() -> tuple[dict[str, SkillModel], TraceCatalog]:
+    """The shipped skill models and trace catalog, loaded once per process."""
+    return _cached(("models",), lambda: (load_skill_models(), load_catalog()))
+
+
+def shared_profile(hw: str, kv_gib: float | None) -> HardwareProfile:
+    """A hardware profile (with ``kv_gib`` of KV memory if given), loaded once per process."""
+    return _cached(("hw", hw, kv_gib), lambda: with_kv_memory(load_profile(hw), kv_gib))
+
+
+def shared_workload(workload: int | str, duration: float, seed: int) -> Workload:
+    """The load map's workload of ``workload`` agents (``duration`` s of arrivals), or the built-in workload of
+    that name, generated once per process."""
+    skills, catalog = shared_models()
+    if isinstance(workload, str):
+        return _cached(("w", workload, seed), lambda: generate(BUILTIN[workload], catalog, skills, seed))
+    return _cached(("w", workload, duration, seed), lambda: workload_for(workload, duration, seed, catalog, skills))
 
 
 def _inputs(grid: Grid, hw: str, agents: int) -> tuple:
-    """Per-process cache of the skills, catalog, profiles, isolated bounds and workloads."""
-    if "skills" not in _CACHE:
-        _CACHE["skills"], _CACHE["catalog"] = load_skill_models(), load_catalog()
-    skills, catalog = _CACHE["skills"], _CACHE["catalog"]
-    if ("hw", hw) not in _CACHE:
-        profile = with_kv_memory(load_profile(hw), grid.kv_gib)
-        _CACHE[("hw", hw)] = profile, isolated_responses(profile, catalog, skills, TRACES, grid.bench_seed)
-    if ("w", agents) not in _CACHE:
-        _CACHE[("w", agents)] = workload_for(agents, grid.duration, grid.seed, catalog, skills)
-    profile, isolated = _CACHE[("hw", hw)]
-    return skills, catalog, profile, isolated, _CACHE[("w", agents)]
+    """The skills, catalog, profile, isolated bounds and workload of a point of ``grid``."""
+    skills, catalog = shared_models()
+    profile = shared_profile(hw, grid.kv_gib)
+    isolated = _cached(("isolated", hw, grid.kv_gib, grid.bench_seed),
+                       lambda: isolated_responses(profile, catalog, skills, TRACES, grid.bench_seed))
+    return skills, catalog, profile, isolated, shared_workload(agents, grid.duration, grid.seed)
 
 
 def _run_point(job: tuple[Grid, tuple[str, int, int | None, str, str]]) -> dict:
