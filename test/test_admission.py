@@ -1,5 +1,8 @@
 """Memory-safe admission (Amin) and deferred prefill (K*): the pure rules, and their effect on the simulator."""
 
+from dataclasses import replace
+
+import pytest
 from record_checks import check_record
 
 from timely_llm.clock import VirtualClock
@@ -98,6 +101,8 @@ def test_eviction_takes_fewest_generated_tokens_then_the_least_urgent():
 
 CATALOG = load_catalog()
 PROFILE = load_profile("rtx4090-llama3-8b")
+STALLED = replace(PROFILE, name="stalled", step={**PROFILE.step, "prefill_stall": PROFILE.step["base"]})
+"""The 4090 as an engine that pays a step's intercept again to switch to prefill (paper 004's c_p)."""
 
 
 def scarce_point(features: Features, kv_gib: float | None = 0.15, agents: int = 200, cap: int = 64) -> tuple:
@@ -150,10 +155,10 @@ def test_deferral_waits_for_k_departures_under_backlog_only():
 
 
 def deferral_server(max_batch: int = 8) -> tuple[Server, Simulation, SimEngine]:
-    engine = SimEngine(PROFILE)
+    engine = SimEngine(STALLED)
     clock = VirtualClock()
     server = Server(engine, SKILLS, POLICIES["timelyllm"], clock, 0.008, max_batch,
-                    features=Features(deferred_prefill=True), estimator=ExecutionTimeEstimator.from_profile(PROFILE))
+                    features=Features(deferred_prefill=True), estimator=ExecutionTimeEstimator.from_profile(STALLED))
     sim = Simulation(server, clock)
     robots = SimulatedRobots(SKILLS, 0.008, 0, sim.schedule, server.segment_done)
     server.on_segment = robots.on_segment
@@ -173,7 +178,7 @@ def submit_at(server: Server, sim: Simulation, engine: SimEngine, rid: str, trac
 def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_takes_them_along():
     server, sim, engine = deferral_server()
     k = server.deferral.threshold
-    assert 1 < k < 8  # the 4090's step intercept is a stall worth batching
+    assert 1 < k < 8  # a stall of one step intercept is worth batching
     arm_traces = [t for t in sorted(CATALOG.traces) if CATALOG[t].robot == "arm"]
     for i in range(5):  # long arm plans keep the batch decoding
         submit_at(server, sim, engine, f"busy{i}", arm_traces[i % len(arm_traces)], 0.0)
@@ -197,8 +202,30 @@ def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_
 
 def test_deferred_prefill_on_wid2_ends_every_request():
     workload = generate(BUILTIN["WID2"], CATALOG, SKILLS, 0)
-    result = run_bench(workload, "timelyllm", PROFILE, SKILLS, CATALOG, 0, 8, Features(deferred_prefill=True))
+    result = run_bench(workload, "timelyllm", STALLED, SKILLS, CATALOG, 0, 8, Features(deferred_prefill=True))
     assert result["counters"]["deferred_prefills"] > 0
     assert len(result["requests"]) == len(workload.requests)
     for rec in result["requests"]:
         check_record(rec, workload.network_latency)
+
+
+@pytest.mark.parametrize("hw", ["rtx4090-llama3-8b", "jetson-orin-nx-16gb-llama32-3b-q4"])
+def test_without_a_prefill_stall_deferral_is_off_and_changes_nothing(hw):
+    # Chunked prefill (every shipped GPU profile) pays no c_p: K* = 1, so the part must not move a record.
+    profile = load_profile(hw)
+    assert profile.step["prefill_stall"] == 0
+    workload = generate(BUILTIN["WID2"], CATALOG, SKILLS, 0)
+    off, on = (run_bench(workload, "timelyllm", profile, SKILLS, CATALOG, 0, 8, Features(deferred_prefill=flag))
+               for flag in (False, True))
+    assert on["requests"] == off["requests"] and "deferred_prefills" not in on["counters"]
+
+
+def test_a_prefill_stall_is_charged_once_per_prefilling_step_and_raises_k_star():
+    engine = SimEngine(STALLED)
+    engine.start(GenerationSpec("a", list(range(10, 110)), max_new_tokens=4, forced_ids=[5] * 4))
+    engine.start(GenerationSpec("b", list(range(200, 300)), max_new_tokens=4, forced_ids=[5] * 4))
+    both = engine.step().duration
+    assert both == pytest.approx(PROFILE.step_time([(100, 100)] * 2, []) + STALLED.step["prefill_stall"])
+    assert engine.step().duration == pytest.approx(PROFILE.step_time([], [101, 101]))  # decoding: no stall
+    estimator = ExecutionTimeEstimator.from_profile(STALLED)
+    assert estimator.prefill_time(100) == pytest.approx(STALLED.step_time([(100, 100)], []))

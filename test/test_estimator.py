@@ -40,16 +40,16 @@ def request(rid, prompt_len=100, output=0, robot=TELLO, prompt=None):
 
 
 def test_least_squares_fit_recovers_known_coefficients():
-    truth = ExecutionTimeEstimator(a=3e-9, b=8e-5, c=0.02, s=5e-4, p=2e-7)
+    truth = ExecutionTimeEstimator(a=3e-9, b=8e-5, c=0.02, s=5e-4, p=2e-7, stall=0.004)
     prefills = [n for n in (32, 128, 512, 1024, 2048)]
     decodes = [(b, ctx) for b in (1, 2, 8, 16) for ctx in (200, 900)]
     samples = [([(n, n)], [], truth.prefill_time(n)) for n in prefills]
     samples += [([], [ctx] * b, truth.decode_step(b, b * ctx)) for b, ctx in decodes]
     fitted = ExecutionTimeEstimator.from_profile(fit_profile(samples, "fit", PROFILE.memory, 4096))
-    for name in ("a", "b", "c", "s", "p"):
+    for name in ("a", "b", "c", "s", "p", "stall"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
     n = 700
-    assert fitted.prefill_time(n) == pytest.approx(fitted.a * n * n + fitted.b * n + fitted.c)
+    assert fitted.prefill_time(n) == pytest.approx(fitted.a * n * n + fitted.b * n + fitted.c + fitted.stall)
     assert fitted.decode_step(1, 900) == pytest.approx(fitted.p * 900 + fitted.q)
 
 

@@ -1,6 +1,7 @@
 """The server loop on the real engine: a replayed LRTrace workload, and profile fitting."""
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from record_checks import check_record, check_shed_record
@@ -102,9 +103,11 @@ def test_ala_runs_on_vllm_with_a_prior_from_the_fitted_profile(engine):
 
 
 def test_amin_and_deferred_prefill_run_on_vllm(engine):
-    # K* from a GPU profile's step intercept (> 1): the deferral path runs too; every request still ends.
+    # K* > 1 from a step model with a prefill stall: the deferral path runs too; every request still ends.
     workload = generate(WorkloadSpec("short", 2.0, 4, (1, 6, 7, 9), 8, 6.0), CATALOG, SKILLS, seed=3)
-    setup = EngineSetup.real("vllm:tiny", engine, load_profile("rtx4090-llama3-8b"))
+    gpu = load_profile("rtx4090-llama3-8b")
+    stalled = replace(gpu, step={**gpu.step, "prefill_stall": gpu.step["base"]})
+    setup = EngineSetup.real("vllm:tiny", engine, stalled)
     result = run_bench(workload, "timelyllm", setup, SKILLS, CATALOG, seed=3, max_batch=4,
                        features=Features(amin=True, deferred_prefill=True))
     assert result["features"] == "amin,deferred_prefill" and len(result["requests"]) == len(workload.requests)

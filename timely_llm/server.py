@@ -425,17 +425,18 @@ class Server:
                     break
         return reserve
 
-    def _deferred_prefill(self, estimator: ExecutionTimeEstimator | None) -> DeferredPrefill:
-        """K* from the engine's step model read as paper 004's affine one: a prefill on its own is a
-        step (c_p = the step intercept, t_p per token), TBT = the same intercept + t_d·B; a generation
-        leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
-        The simulator, like vLLM V1's chunked prefill, runs a prefill inside a decode step and pays
-        no separate c_p: there deferring saves no time and only reorders who is served (README)."""
+    def _deferred_prefill(self, estimator: ExecutionTimeEstimator | None) -> DeferredPrefill | None:
+        """K* from the engine's step model read as paper 004's affine one: a prefill stalls decoding for
+        c_p (the profile's ``prefill_stall``) plus its tokens' time, TBT = the step intercept + t_d·B; a
+        generation leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
+        None where K* = 1: without a fixed stall, as in the simulated GPUs and vLLM V1's chunked prefill,
+        holding prefills back saves nothing and only delays first actions (the paper's Remark 2)."""
         if estimator is None:
             raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
         mean_segment = sum(r.segment_max_tokens for r in self.robots.values()) / max(len(self.robots), 1)
-        return DeferredPrefill(departure_threshold(estimator.c, estimator.c, self.batch.max_batch or 1,
-                                                   1.0 / max(mean_segment, 1.0)))
+        threshold = departure_threshold(estimator.stall, estimator.c, self.batch.max_batch or 1,
+                                        1.0 / max(mean_segment, 1.0))
+        return DeferredPrefill(threshold) if threshold > 1 else None
 
     def _defers(self, request: Request, now: float) -> bool:
         """Deferred prefill: hold this generation's (re)start back, unless waiting one more step

@@ -60,6 +60,8 @@ class ExecutionTimeEstimator:
     """Decode: per generation in the batch."""
     p: float
     """Decode: per context token attended over."""
+    stall: float = 0.0
+    """Prefill: a fixed cost of any step that prefills (paper 004's c_p); 0 where prefill is chunked into decode."""
 
     @classmethod
     def from_profile(cls, profile: HardwareProfile) -> ExecutionTimeEstimator:
@@ -69,7 +71,7 @@ class ExecutionTimeEstimator:
     def from_terms(cls, step: Mapping[str, float]) -> ExecutionTimeEstimator:
         """From a profile's ``step`` section (``engines/hardware.py``: base, per_prefill_token...)."""
         return cls(a=step["per_prefill_attention"], b=step["per_prefill_token"], c=step["base"],
-                   s=step["per_decode_seq"], p=step["per_kv_token"])
+                   s=step["per_decode_seq"], p=step["per_kv_token"], stall=step.get("prefill_stall", 0.0))
 
     @property
     def q(self) -> float:
@@ -82,8 +84,8 @@ class ExecutionTimeEstimator:
         return self.c + self.prefill_extra(new_tokens, context)
 
     def prefill_extra(self, new_tokens: int, context_tokens: int) -> float:
-        """What prefilling adds to the step it runs in."""
-        return (self.b + self.a * context_tokens) * new_tokens
+        """What prefilling adds to the step it runs in (the whole stall: as if it prefilled alone)."""
+        return self.stall + (self.b + self.a * context_tokens) * new_tokens
 
     def decode_step(self, batch: int, kv_tokens: float) -> float:
         """One decode step of ``batch`` generations attending over ``kv_tokens`` context tokens in all."""

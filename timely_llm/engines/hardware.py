@@ -2,11 +2,13 @@
 
 One iteration (a continuous-batching step) takes
 
-    base + per_prefill_token * P + per_prefill_attention * sum_i(N_i * C_i)
-         + per_decode_seq * B + per_kv_token * K
+    base + [prefill_stall if the step prefills] + per_prefill_token * P
+         + per_prefill_attention * sum_i(N_i * C_i) + per_decode_seq * B + per_kv_token * K
 
-where P is the number of tokens prefilled this step, N_i / C_i the new tokens and
-resulting context length of each prefilling generation (TimeBill's quadratic
+where prefill_stall is a fixed cost of any step that prefills (paper 004's c_p: switching from
+decode to prefill; 0, the default, where prefills run inside the decode step as in vLLM V1's
+chunked prefill and every shipped GPU profile), P is the number of tokens prefilled this step,
+N_i / C_i the new tokens and resulting context length of each prefilling generation (TimeBill's quadratic
 prefill term a*N^2 when nothing is cached), B the number of decoding generations
 and K the total context they attend over (TimeBill's p*N_kv). KV memory is
 ``(total - weights - reserved)`` GiB split into blocks of ``block_tokens``.
@@ -22,7 +24,9 @@ import yaml
 from timely_llm.errors import ConfigError, read_mapping
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hw"
-STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_seq", "per_kv_token")
+STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_seq", "per_kv_token", "prefill_stall")
+OPTIONAL_STEP_TERMS = {"prefill_stall": 0.0}
+"""Step terms a profile may leave out, with their defaults."""
 MEMORY_TERMS = ("total_gib", "weights_gib", "reserved_gib", "kv_bytes_per_token", "block_tokens")
 FITTED_PROFILES = {"smollm2": "cpu-2core-smollm2-135m"}
 """Shipped profiles ``timely-llm profile`` fitted to a model on vLLM CPU: by default, the step-time model of
@@ -51,6 +55,7 @@ class HardwareProfile:
         s = self.step
         return (
             s["base"]
+            + (s["prefill_stall"] if prefills else 0.0)
             + s["per_prefill_token"] * sum(n for n, _ in prefills)
             + s["per_prefill_attention"] * sum(n * c for n, c in prefills)
             + s["per_decode_seq"] * len(decode_contexts)
@@ -82,7 +87,7 @@ def load_profile(name_or_path: str) -> HardwareProfile:
         shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
         raise ConfigError(source, "<file>", f"no such hardware profile (shipped: {', '.join(shipped)})")
     data = read_mapping(path)
-    step = _numbers(data, "step", STEP_TERMS, source)
+    step = _numbers(data, "step", STEP_TERMS, source, OPTIONAL_STEP_TERMS)
     memory = _numbers(data, "memory", MEMORY_TERMS, source)
     max_len = data.get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
@@ -93,13 +98,14 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     return profile
 
 
-def _numbers(data: dict, key: str, names: tuple[str, ...], source: str) -> dict[str, float]:
+def _numbers(data: dict, key: str, names: tuple[str, ...], source: str,
+             defaults: dict[str, float] | None = None) -> dict[str, float]:
     section = data.get(key)
     if not isinstance(section, dict):
         raise ConfigError(source, key, "missing or not a mapping")
     out = {}
     for name in names:
-        value = section.get(name)
+        value = section.get(name, (defaults or {}).get(name))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(source, f"{key}.{name}", f"must be a number >= 0, got {value!r}")
         out[name] = float(value)

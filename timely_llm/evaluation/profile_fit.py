@@ -51,7 +51,8 @@ def fit_profile(samples: list[Sample], name: str, memory: dict[str, float], max_
 
 
 def _features(prefills: list[tuple[int, int]], decodes: list[int]) -> list[float]:
-    return [1.0, sum(n for n, _ in prefills), sum(n * c for n, c in prefills), len(decodes), sum(decodes)]
+    return [1.0, sum(n for n, _ in prefills), sum(n * c for n, c in prefills), len(decodes), sum(decodes),
+            1.0 if prefills else 0.0]
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, iterations: int = 50) -> np.ndarray:
