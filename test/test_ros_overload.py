@@ -6,6 +6,7 @@ overrun_strategy, the feedback's infeasible flag) and scripts/ros_env.sh sourced
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 import pytest
@@ -15,9 +16,12 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected
-from timely_llm.ros.fleet import server_node
+from timely_llm.evaluation.metrics import run_end, shed_utility
+from timely_llm.ros.fleet import fleet_result, run_fleet, server_node
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan
+from timely_llm.ros.robot_client import SimulatedSkills
+from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
@@ -60,3 +64,32 @@ def test_opted_in_goal_keeps_waiting_and_its_feedback_says_so(session: tuple, ro
     assert kept.infeasible_at is not None and kept.infeasible_at <= kept.first_segment_at  # told before served
     assert "".join(s.text for s in kept.segments) == CATALOG[6].plan  # the notice is no segment
     assert kept.result.utility < 0
+
+
+def test_fleet_records_mark_shed_goals_and_the_summary_counts_them_back_in(session: tuple) -> None:
+    """An overloaded burst (urgent drones at a batch of one, one of them impossible) replayed by run_fleet."""
+    urgent, relaxed = TUF(0.2, -6.67, 2.0), TUF(5.0, -2.0, 1.0)
+    burst = [WorkloadRequest("impossible", 0.0, "d-0", 7, IMPOSSIBLE)]
+    burst += [WorkloadRequest(f"u{i}", 0.001 * i, f"d-{i}", (2, 7, 8)[i % 3], urgent) for i in range(1, 10)]
+    burst += [WorkloadRequest("relaxed", 0.01, "d-10", 3, relaxed)]
+    workload = Workload("burst", 0.008, tuple(burst))
+    skills = load_skill_models()
+    runners = {r.agent: SimulatedSkills(skills["tello"], time_scale=0.1) for r in burst}
+    with server_node(session[1], session[0], features="amin,ala,shed", max_batch=1):
+        records = run_fleet(workload, CATALOG, skills, session[1], session[0], runners=runners)
+    summary = fleet_result(workload, records, "timelyllm", 0)["summary"]["all"]
+
+    by_id = {r["id"]: r for r in records}
+    assert set(by_id) == {r.id for r in burst} and by_id["relaxed"]["status"] == "succeeded"
+    shed = [r for r in records if r["shed"]]
+    assert by_id["impossible"] in shed
+    assert all(r["shed"] == (r["status"] == "aborted" and r["reason"] == INFEASIBLE_REASON) for r in records)
+    fastest = skills["tello"].segment_generation_time + 0.008  # served next: generation + the node's latency
+    end = run_end(records)
+    for r in shed:
+        assert r["response_time"] is None and r["utility"] is None
+        assert r["infeasible_at"] >= r["arrival"] and r["best_response"] >= fastest
+        assert shed_utility(r, end) < 0
+    served = [r["utility"] for r in records if r["status"] == "succeeded"]
+    assert summary["shed"] == len(shed) and summary["mean_utility"] == pytest.approx(statistics.fmean(served))
+    assert summary["mean_utility_with_shed"] < summary["mean_utility"]

@@ -43,6 +43,9 @@ def _summary(records: list[dict], end: float) -> dict:
 def run_end(records: list[dict]) -> float:
     """The last moment the records show: a segment's execution end or a request shed."""
     times = [s["exec_end"] for r in records for s in r.get("segments", ()) if s["exec_end"] is not None]
+    # fleet records (from the robots' side) have no segment times: a served request's last ended at its completion
+    times += [r["arrival"] + r["completion_time"] for r in records
+              if "segments" not in r and r["completion_time"] is not None]
     times += [r["infeasible_at"] for r in records if r.get("shed")]
     return max(times, default=0.0)
 

@@ -21,6 +21,8 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
+from timely_llm.core.overload import INFEASIBLE_REASON
+from timely_llm.core.request import Status
 from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
 from timely_llm.ros.node import EXECUTOR_THREADS, TimelyLlmNode, spin
@@ -95,9 +97,10 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     try:
         if not link.wait_for_server():
             raise RuntimeError("no timely_llm_server answers on request_plan")
-        sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
+        start, sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
         deadline = time.monotonic() + RESULT_GRACE_S
-        return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog) for req, outcome in sent]
+        return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog, start)
+                for req, outcome in sent]
     finally:
         for robot in robots.values():
             robot.close()
@@ -106,7 +109,8 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
 
 
 def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient],
-            on_end: Callable[[object], None], generate: bool = False, max_new_tokens: int = 0) -> list:
+            on_end: Callable[[object], None], generate: bool = False, max_new_tokens: int = 0) -> tuple[float, list]:
+    """Send every request at its arrival; the monotonic time arrivals count from, and (request, outcome) pairs."""
     start = time.monotonic()
     sent = []
     for r in workload.requests:
@@ -116,7 +120,7 @@ def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotCl
                                           max_new_tokens=max_new_tokens, label=r.id)
         outcome.finished.add_done_callback(on_end)
         sent.append((r, outcome))
-    return sent
+    return start, sent
 
 
 def _counter(progress: Callable[[int], None] | None) -> Callable[[object], None]:
@@ -133,16 +137,25 @@ def _counter(progress: Callable[[int], None] | None) -> Callable[[object], None]
     return count
 
 
-def _record(request, outcome: TaskOutcome, catalog: TraceCatalog) -> dict:  # noqa: ANN001 - WorkloadRequest
+def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) -> dict:  # noqa: ANN001
+    """``timely-llm bench``'s record of a request (WorkloadRequest), from what its robot saw: times count from
+    ``start`` (the replay's), except the node's response and waiting time. A shed request (aborted, reason
+    INFEASIBLE_REASON) was told when its result came; the node's result gives the best response it could
+    still have had then."""
     result = outcome.result
+    shed = result is not None and result.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
     record = {"id": request.id, "agent": request.agent, "trace": request.trace,
-              "category": catalog[request.trace].category, "arrival": request.arrival, "status": outcome.status,
-              "reason": result.reason if result else "goal rejected", "num_segments": len(outcome.segments)}
+              "category": catalog[request.trace].category, "arrival": request.arrival, "tuf": request.tuf.to_dict(),
+              "status": outcome.status, "reason": result.reason if result else "goal rejected",
+              "num_segments": len(outcome.segments)}
     for key in ("response_time", "waiting_time", "utility"):
         value = getattr(result, key) if result else math.nan
-        record[key] = value if math.isfinite(value) else None
+        record[key] = value if math.isfinite(value) and not shed else None
     waiting = record["waiting_time"]
     record["completion_time"] = None if waiting is None else waiting + outcome.exec_time
+    record["shed"] = shed
+    record["infeasible_at"] = outcome.ended_at - start if shed else None
+    record["best_response"] = result.response_time if shed else None
     return record
 
 

@@ -538,10 +538,11 @@ def segment_message(request: Request, segment: Segment) -> SegmentMsg:
 
 
 def result_message(outcome: Outcome) -> RequestPlan.Result:
-    """The action result for how a request ended."""
+    """The action result for how a request ended; a shed one's response time is the best it could still have had."""
+    response = outcome.best_response if outcome.shed else outcome.response_time
     return RequestPlan.Result(
         status=outcome.status.value, reason=outcome.reason, plan=outcome.plan, num_segments=len(outcome.segments),
-        response_time=_float_or_nan(outcome.response_time), waiting_time=_float_or_nan(outcome.waiting_time),
+        response_time=_float_or_nan(response), waiting_time=_float_or_nan(outcome.waiting_time),
         utility=_float_or_nan(outcome.utility))
 
 

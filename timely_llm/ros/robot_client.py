@@ -75,6 +75,8 @@ class TaskOutcome:
     """Monotonic time the first segment arrived."""
     infeasible_at: float | None = None
     """Monotonic time the server said the deadline cannot be met (goals sent with ``keep_if_infeasible``)."""
+    ended_at: float | None = None
+    """Monotonic time the result (or the rejection) arrived."""
     exec_time: float = 0.0
     result_after_segments: bool = True
     """False if the result came before every segment of the plan had arrived."""
@@ -147,6 +149,7 @@ class RobotClient:
         outcome.goal_handle = goal_handle
         outcome.accepted = goal_handle.accepted
         if not goal_handle.accepted:
+            outcome.ended_at = time.monotonic()
             outcome.finished.set_result(outcome)
             return
         goal_handle.get_result_async().add_done_callback(lambda f: self._on_result(outcome, f.result()))
@@ -154,6 +157,7 @@ class RobotClient:
     def _on_result(self, outcome: TaskOutcome, response) -> None:  # noqa: ANN001 - GetResult response
         outcome.result = response.result
         outcome.result_after_segments = len(outcome.segments) == response.result.num_segments
+        outcome.ended_at = time.monotonic()
         outcome.finished.set_result(outcome)
 
     def _on_feedback(self, outcome: TaskOutcome, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
