@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 from record_checks import check_record, check_shed_record
 
+from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
@@ -16,9 +20,11 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import SimulatedRobots, Simulation
+from timely_llm.errors import ConfigError
+from timely_llm.evaluation.harness import SimulatedRobots, Simulation, run_bench
 from timely_llm.evaluation.metrics import markdown_table, shed_utility, summarize
 from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.workloads.generator import BUILTIN, Workload, generate, load_workload
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()
@@ -248,3 +254,64 @@ def test_tables_show_shed_counts_only_when_something_was_shed() -> None:
     assert "| shed | utility with shed |" in with_shed.splitlines()[0]
     assert with_shed.splitlines()[-1].endswith(f"| 1 | {(2.0 + URGENT_TUF(40.6)) / 2:.3f} |")
     assert "shed" not in markdown_table([{**result, "summary": summarize([served])}])
+
+
+# ----- overrun strategies in bench: set per request in the workload, or for all by bench --overrun-strategy -----
+
+AGX = "jetson-agx-orin-64gb-llama3-8b-q4"
+WID2 = generate(BUILTIN["WID2"], CATALOG, SKILLS, 0)
+WID2_START = dataclasses.replace(WID2, requests=tuple(r for r in WID2.requests if r.arrival < 60.0))
+"""The first minute of WID2: on the Jetson AGX at a batch of 8, some robots wait past a segment's cut-off."""
+
+
+def bench_overrun(workload: Workload) -> dict:
+    return run_bench(workload, "timelyllm", load_profile(AGX), SKILLS, CATALOG, 0, 8)
+
+
+def test_bench_overrun_strategies_change_the_records_as_specified() -> None:
+    plain, killing, skipping = (bench_overrun(WID2_START.with_overrun(s)) for s in ("none", "kill", "skip-next"))
+    whole = {r["id"]: [s["text"] for s in r["segments"]] for r in plain["requests"]}
+    assert all(r["status"] == "succeeded" and r["skipped_segments"] == 0 for r in plain["requests"])
+    assert not {"overruns_killed", "overruns_skipped"} & set(plain["counters"])
+
+    killed = [r for r in killing["requests"] if r["status"] != "succeeded"]
+    assert len(killed) == killing["counters"]["overruns_killed"] > 0
+    for r in killed:
+        sent = [s["text"] for s in r["segments"]]
+        assert r["reason"] == f"segment {len(sent)} overran its deadline (overrun strategy kill)"
+        assert sent == whole[r["id"]][:len(sent)] and len(sent) < len(whole[r["id"]])  # ended there
+    assert {len(r["segments"]) > 0 for r in killed} == {False, True}  # first segments and later ones
+
+    assert all(r["status"] == "succeeded" for r in skipping["requests"])
+    assert sum(r["skipped_segments"] for r in skipping["requests"]) == skipping["counters"]["overruns_skipped"] > 0
+    for r in skipping["requests"]:
+        sent = [s["text"] for s in r["segments"] if s["text"]]
+        assert len(sent) + r["skipped_segments"] == len(whole[r["id"]])
+        assert [whole[r["id"]].index(s) for s in sent] == sorted(whole[r["id"]].index(s) for s in sent)
+
+
+def test_workload_file_sets_the_strategy_per_request_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    marked = {r.id for r in WID2_START.requests[::2]}
+    data = WID2_START.to_json()
+    for raw in data["requests"]:
+        if raw["id"] in marked:
+            raw["overrun"] = "kill"
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(data))
+    workload = load_workload(path, CATALOG)
+    assert workload.to_json() == data and "overrun" not in WID2_START.to_json()["requests"][0]
+    killed = {r["id"] for r in bench_overrun(workload)["requests"] if r["status"] != "succeeded"}
+    assert killed and killed <= marked
+
+    data["requests"][3]["overrun"] = "skip"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"requests\[3\]\.overrun.*got 'skip'"):
+        load_workload(path, CATALOG)
+
+
+def test_bench_option_sets_every_requests_strategy(tmp_path: Path) -> None:
+    path, out = tmp_path / "w.json", tmp_path / "r.json"
+    path.write_text(json.dumps(WID2_START.to_json()))
+    assert main(["bench", "--workload", str(path), "--hw", AGX, "--policy", "timelyllm", "--max-batch", "8",
+                 "--overrun-strategy", "skip-next", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["counters"] == bench_overrun(WID2_START.with_overrun("skip-next"))["counters"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from timely_llm.core.features import Features
+from timely_llm.core.overload import OVERRUN_STRATEGIES
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
@@ -147,6 +148,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--estimator-profile", default=None, metavar="PROFILE",
                    help="feature timebill: the engine's step-time profile (name or YAML file written by "
                         "timely-llm profile); default: the --hw profile on sim, the shipped fit of smollm2 on vllm")
+    p.add_argument("--overrun-strategy", default=None, choices=OVERRUN_STRATEGIES,
+                   help="every request's overrun strategy (TimeBill): what becomes of a segment that overran its "
+                        "deadline; default: each request's own (workload files: field overrun; else none)")
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
     p.set_defaults(run=_bench)
 
@@ -196,6 +200,8 @@ def _bench(args: argparse.Namespace) -> int:
                                                           f"step-time profile of {model} "
                                                           f"(write one: timely-llm profile --model {model} --out F)")
     skills, catalog, workload = _load_inputs(args)
+    if args.overrun_strategy is not None:
+        workload = workload.with_overrun(args.overrun_strategy)
     if args.engine == "vllm":
         _quiet_vllm_logging()
         from timely_llm.engines.vllm_engine import VllmEngine

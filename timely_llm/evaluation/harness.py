@@ -153,7 +153,7 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup
         trace = catalog[r.trace]
         prompt_ids, plan_ids = encoded[r.trace]
         plan = PlanRequest(r.id, r.agent, trace.robot, prompt_ids, r.tuf, trace.category, forced_ids=plan_ids,
-                           trace=trace.id, arrival=origin + r.arrival)
+                           trace=trace.id, arrival=origin + r.arrival, overrun=r.overrun)
         sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
     sim.run()
     return records, sim.peak_queue, dict(sorted(server.counters.items()))

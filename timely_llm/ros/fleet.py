@@ -117,7 +117,7 @@ def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotCl
         time.sleep(max(0.0, start + r.arrival - time.monotonic()))
         trace = catalog[r.trace]
         outcome = robots[r.agent].request(trace.prompt, r.tuf, 0 if generate else trace.id,
-                                          max_new_tokens=max_new_tokens, label=r.id)
+                                          max_new_tokens=max_new_tokens, label=r.id, overrun_strategy=r.overrun)
         outcome.finished.add_done_callback(on_end)
         sent.append((r, outcome))
     return start, sent

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.errors import ConfigError, read_mapping
@@ -47,6 +48,8 @@ class WorkloadRequest:
     agent: str
     trace: int
     tuf: TUF
+    overrun: str = OVERRUN_NONE
+    """TimeBill's overrun strategy for its late segments: none, kill or skip-next (core/overload.py)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,15 @@ class Workload:
     def to_json(self) -> dict:
         return {
             "name": self.name, "network_latency": self.network_latency,
-            "requests": [{"id": r.id, "arrival": r.arrival, "agent": r.agent, "trace": r.trace,
-                          "tuf": r.tuf.to_dict()} for r in self.requests],
+            "requests": [{"id": r.id, "arrival": r.arrival, "agent": r.agent, "trace": r.trace, "tuf": r.tuf.to_dict(),
+                          **({"overrun": r.overrun} if r.overrun != OVERRUN_NONE else {})} for r in self.requests],
         }
+
+    def with_overrun(self, strategy: str) -> Workload:
+        """The same workload with every request's overrun strategy ``strategy``."""
+        if strategy not in OVERRUN_STRATEGIES:
+            raise ValueError(f"unknown overrun strategy {strategy!r} (one of {', '.join(OVERRUN_STRATEGIES)})")
+        return replace(self, requests=tuple(replace(r, overrun=strategy) for r in self.requests))
 
 
 def default_tuf(category: str) -> TUF:
@@ -122,7 +131,11 @@ def _parse_request(raw: object, index: int, source: str, catalog: TraceCatalog) 
     if not isinstance(trace, int) or isinstance(trace, bool) or trace not in catalog.traces:
         raise ConfigError(source, f"{where}.trace", f"unknown trace {trace!r} (known: {sorted(catalog.traces)})")
     tuf = _parse_tuf(raw.get("tuf"), catalog[trace].category, f"{where}.tuf", source)
-    return WorkloadRequest(str(raw.get("id", f"r{index:05d}")), float(arrival), agent, trace, tuf)
+    overrun = raw.get("overrun", OVERRUN_NONE)
+    if overrun not in OVERRUN_STRATEGIES:
+        raise ConfigError(source, f"{where}.overrun",
+                          f"must be one of {', '.join(OVERRUN_STRATEGIES)}, got {overrun!r}")
+    return WorkloadRequest(str(raw.get("id", f"r{index:05d}")), float(arrival), agent, trace, tuf, overrun)
 
 
 def _parse_tuf(raw: object, category: str, where: str, source: str) -> TUF:
