@@ -13,7 +13,7 @@ from timely_llm.core.estimator import (
 from timely_llm.core.features import Features
 from timely_llm.core.priority import PUD
 from timely_llm.core.queue import GenerationQueue
-from timely_llm.core.request import Request, Status
+from timely_llm.core.request import Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import GenerationSpec
@@ -137,7 +137,7 @@ def test_wcet_uses_the_pessimistic_length_and_the_estimator():
         SegmentTimes(ESTIMATOR, SKILLS, 16, k=0.5)
 
 
-def test_g_reaches_pud_and_ranks_the_shorter_segment_first():
+def test_g_reaches_pud_as_the_action_start_and_eq4_density_keeps_the_profiled_average():
     times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
     queue = GenerationQueue(PUD(0.008), times.queue_terms)
     long_task, short_task = request("long", prompt=[1] * 64), request("short", prompt=[2] * 64)
@@ -146,12 +146,40 @@ def test_g_reaches_pud_and_ranks_the_shorter_segment_first():
     queue.push(long_task)
     queue.push(short_task)
     queue.token_time = times.token_time()
-    assert queue.best(0.0) is short_task
+    assert queue.best(0.0) is long_task
     gen_time = dict(zip(("long", "short"), queue._columns.column("gen_time"), strict=True))
     assert gen_time["long"] > 4 * gen_time["short"]
+    # Both on time (utility 1 = beta): Eq. 4 ranks by slack, L = arrival + ERT - (now + G(s) + network),
+    # over the robot's average G; the long segment's action would start later, so it has less slack.
+    g = TELLO.segment_generation_time
+    scores = dict(zip(("long", "short"), PUD(0.008).scores(queue._columns, 0.0), strict=True))
+    for name in ("long", "short"):
+        slack = 1.0 - (gen_time[name] + 0.008)
+        assert scores[name] == pytest.approx(1.0 / (g * max(slack, g)))
     plain = GenerationQueue(PUD(0.008))  # off: every drone segment takes the profiled constant
     plain.push(long_task)
     assert list(plain._columns.column("gen_time")) == [TELLO.segment_generation_time]
+
+
+def test_pud_density_does_not_favour_a_short_late_later_segment_over_a_late_first_one():
+    # Under overload both are late. With G(s) as the density's divisor, the late first segment (its prompt to
+    # prefill, a long first statement) would score (beta + |alpha| G) / G^2 below a short later segment's
+    # |alpha| / G: fresh requests would wait behind every plan in flight. Eq. 4's average G keeps the first
+    # response first, as with the profiled constant.
+    times = SegmentTimes(ESTIMATOR, SKILLS, block_tokens=16)
+    first = request("first", prompt=[1] * 400)
+    later = request("later", prompt=[2] * 64, output=6)
+    later.segments.append(Segment(0, "mf(50);", [], 0, 0, 2.0))
+    later.prev_end_est = 1.0
+    times.observe(first, 0, 20)
+    times.observe(later, 1, 2)
+    queue = GenerationQueue(PUD(0.008), times.queue_terms)
+    queue.token_time = times.token_time(8, 1000)
+    queue.push(first)
+    queue.push(later)
+    assert queue.best(5.0) is first
+    gen_time = dict(zip(("first", "later"), queue._columns.column("gen_time"), strict=True))
+    assert gen_time["first"] > 4 * gen_time["later"]
 
 
 def workload(seed=0):

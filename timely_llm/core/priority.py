@@ -14,8 +14,10 @@ import numpy as np
 class QueueColumns:
     """Per-generation scheduling parameters, one numpy column each."""
 
-    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "prev_end", "gen_time", "gen_fixed", "gen_tokens")
-    """``gen_time`` is G(s); the queue may derive it from its terms: gen_fixed + gen_tokens x a token time."""
+    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "prev_end", "gen_time", "gen_fixed", "gen_tokens",
+             "gen_mean")
+    """``gen_time`` is G(s); the queue may derive it from its terms: gen_fixed + gen_tokens x a token time.
+    ``gen_mean`` is Eq. 4's G: the robot's average segment generation time from profiling."""
 
     def __init__(self, capacity: int = 64) -> None:
         self.size = 0
@@ -74,12 +76,18 @@ class PUD(PriorityPolicy):
     """Potential utility density scaled by slack (Eq. 4), and the loss rate once late.
 
     For a segment whose generation would start now, its action starts at
-    ``now + G + network`` (G the segment generation time: the robot's profiled
+    ``now + G(s) + network`` (G(s) the segment generation time: the robot's profiled
     constant, or TimeBill's per-generation estimate). W is that start
     minus the request's arrival (first segment) or minus the estimated end of the
     previous segment's execution (later segments, TUF_1 with ERT = 0). L, the slack,
     is the time from that start to the segment's deadline (arrival + ERT, or the
     previous segment's end).
+
+    The density's G (the divisor) is Eq. 4's: the robot's average segment generation
+    time from profiling, the same for all its segments, while G(s) dates the action.
+    With TimeBill both differ: a per-segment G(s) in the divisor would rank by it
+    quadratically (below), so a first segment, which pays its prompt's prefill and is
+    longer than most, would wait behind every later segment of plans in flight.
 
     On time (L >= 0) the score is Eq. 4, TUF(W) / (G * L), with L floored at G.
     Late (L < 0) the TUF keeps falling at |alpha| per second, so waiting one more
@@ -99,15 +107,15 @@ class PUD(PriorityPolicy):
 
     def scores(self, q: QueueColumns, now: float) -> np.ndarray:
         first = q.column("seg_index") == 0
-        gen_time = q.column("gen_time")
-        action_start = now + gen_time + self.network_latency
+        g = q.column("gen_mean")  # Eq. 4's G
+        action_start = now + q.column("gen_time") + self.network_latency
         origin = np.where(first, q.column("arrival"), q.column("prev_end"))
         ert = np.where(first, q.column("ert"), 0.0)
         beta, alpha = q.column("beta"), q.column("alpha")
         utility = np.minimum(beta, alpha * (action_start - origin - ert) + beta)
         slack = origin + ert - action_start
-        on_time = utility / (gen_time * np.maximum(slack, gen_time))
-        late = (np.where(first, beta, 0.0) - alpha * gen_time) / (gen_time * gen_time) \
+        on_time = utility / (g * np.maximum(slack, g))
+        late = (np.where(first, beta, 0.0) - alpha * g) / (g * g) \
             - self.LATENESS_TIEBREAK * slack
         return np.where(slack >= 0, on_time, late)
 

@@ -71,7 +71,7 @@ class GenerationQueue:
         fixed, tokens = self.gen_terms(request)
         gen_time = fixed + tokens * self.token_time if self.token_time is not None else fixed
         return (request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
-                request.prev_end_est, gen_time, fixed, tokens)
+                request.prev_end_est, gen_time, fixed, tokens, request.robot.segment_generation_time)
 
 
 def _profiled_gen_time(request: Request) -> tuple[float, float]:
