@@ -170,3 +170,31 @@ def test_profile_prior_knee_is_small_on_the_edge_and_large_on_the_rtx4090():
 
     assert knee(JETSON) <= 6
     assert knee("rtx4090-llama3-8b") >= 30
+
+
+def test_where_the_cap_bounds_the_batch_the_knee_yields_to_a_newcomer_at_its_latest_start():
+    # step = 0.018 + 0.008 b: knee 4; at a cap of 8 each generation still decodes at >= 1/8 its speed alone.
+    model = ThroughputModel(derive_curve(linear_steps()))
+    knee = model.knee(8)
+    capped = BatchController(adaptive=True, max_batch=8, network_latency=NET, throughput=model)
+    uncapped = BatchController(adaptive=True, max_batch=1024, network_latency=NET, throughput=model)
+    batch = [normal(f"r{i}", 0.0, prev_end=50.0) for i in range(knee)]
+    wcet = TELLO.segment_max_tokens * capped.step_time(knee + 1)
+    step = capped.step_time(knee)
+    ample = normal("ample", 10.0)  # budget ~1 s, far more than its worst case and one more step
+    latest = normal("latest", 10.0 - (1.0 - NET - wcet - 0.5 * step))  # half a step of waiting left
+    assert not capped.admits(batch, 10.0, 100, 1, ample)
+    assert capped.admits(batch, 10.0, 100, 1, latest)
+    assert not uncapped.admits(batch, 10.0, 100, 1, latest)  # no cap bounds the batch: the knee holds
+    assert capped.counters["ala_knee_latest_starts"] == 1
+    assert capped.admits(batch, 10.0, 100, 1, normal("late", 8.0))  # already late: admitted as before
+
+
+def test_ala_under_a_jetson_cap_keeps_its_urgent_gain_without_costing_normal():
+    grid = sweep.Grid(hw=(JETSON,), duration=40.0)
+    skills, catalog, profile, _, workload = sweep._inputs(grid, JETSON, 50)
+    off, on = (run_bench(workload, "timelyllm", profile, skills, catalog, 0, 8, Features(ala=ala))
+               for ala in (False, True))
+    off, on = off["summary"], on["summary"]
+    assert on["urgent"]["mean_utility"] > off["urgent"]["mean_utility"] + 0.2
+    assert on["normal"]["mean_utility"] >= off["normal"]["mean_utility"] - 0.01 * abs(off["normal"]["mean_utility"])

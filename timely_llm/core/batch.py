@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from timely_llm.core.request import Request
-from timely_llm.core.throughput import ThroughputModel
+from timely_llm.core.throughput import CAP_BOUND_SPEED, ThroughputModel
 
 KNEE_SEARCH_LIMIT = 1024
 """Largest knee looked for when no batch cap is set."""
@@ -73,7 +73,11 @@ class BatchController:
       late too: then refusing only moves the lateness.
     * With a throughput model (ALA, ``Features.ala``) step times come from its fitted curve
       where it is confident (``StepModel`` where not), and adaptive mode stops growing the
-      batch past the curve's knee, except for a newcomer already late (waiting cannot help it).
+      batch past the curve's knee, except for a newcomer already late (waiting cannot help it)
+      and, where the batch cap bounds the slowdown (``CAP_BOUND_SPEED``), a newcomer at its
+      latest start: one more step of waiting and its worst case no longer fits its budget.
+      There holding it back past its deadline buys the running generations less than it
+      costs it; without such a cap the batch could grow far past the knee that way.
     """
 
     def __init__(self, adaptive: bool, max_batch: int | None = None, network_latency: float = 0.0,
@@ -151,5 +155,15 @@ class BatchController:
             return False
         if newcomer is not None and self.budget(newcomer, now) < 0:
             return False
+        if newcomer is not None and self._cap_bounds_batch() and self._at_latest_start(newcomer, running, now):
+            self.counters["ala_knee_latest_starts"] += 1
+            return False
         self.counters["ala_knee_refusals"] += 1
         return True
+
+    def _cap_bounds_batch(self) -> bool:
+        return self.max_batch is not None and self.throughput.knee(self.max_batch, CAP_BOUND_SPEED) == self.max_batch
+
+    def _at_latest_start(self, newcomer: Request, running: int, now: float) -> bool:
+        """Waiting one more step would leave ``newcomer`` less budget than its worst case in the grown batch."""
+        return self.budget(newcomer, now) - self.wcet(newcomer, running + 1) <= self.step_time(running)

@@ -34,6 +34,9 @@ MIN_SAMPLES = 3
 """Decode steps a batch size needs before the online fit counts it as seen."""
 REFIT_EVERY = 16
 """Decode steps between online refits (a fit costs well under a millisecond)."""
+CAP_BOUND_SPEED = 0.125
+"""A batch cap bounds the batch where each generation at the cap still decodes at 1/8 of its speed alone or
+more (a knee at this speed reaches the cap); see ``BatchController``."""
 PRIOR_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Batch sizes the profile prior is derived on (and so, for the confidence, has seen)."""
 TYPICAL_CONTEXT = 1024
@@ -141,7 +144,7 @@ class ThroughputModel:
         self._since_fit = 0
         self._online: ThroughputCurve | None = None
         self._seen: tuple[int, ...] = ()
-        self._knee: dict[int, int | None] = {}
+        self._knee: dict[tuple[int, float], int | None] = {}
         self._step: dict[int, float | None] = {}  # predictions since the last refit
 
     def record(self, batch: int, duration: float) -> None:
@@ -194,18 +197,19 @@ class ThroughputModel:
             self._step[batch] = None if found is None else found[0].step_time(batch)
         return self._step[batch]
 
-    def knee(self, limit: int) -> int | None:
+    def knee(self, limit: int, speed: float = KNEE_SPEED) -> int | None:
         """The batch size past which growth stops paying (``ThroughputCurve.knee``), from a curve confident
         there; None when none is."""
         self._refresh()
-        if limit not in self._knee:
-            self._knee[limit] = None
+        key = (limit, speed)
+        if key not in self._knee:
+            self._knee[key] = None
             for curve in (self._online, self.prior):
                 if curve is None:
                     continue
-                knee = curve.knee(limit)
+                knee = curve.knee(limit, speed)
                 found = self.source(knee)
                 if found is not None and found[0] is curve:
-                    self._knee[limit] = knee
+                    self._knee[key] = knee
                     break
-        return self._knee[limit]
+        return self._knee[key]
