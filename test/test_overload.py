@@ -15,7 +15,7 @@ from timely_llm.clock import VirtualClock
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON, infeasible_at
-from timely_llm.core.request import Outcome, Request
+from timely_llm.core.request import Outcome, Request, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
@@ -34,15 +34,31 @@ DRONE_TRACES = (1, 3, 4, 6, 7, 8)
 
 
 class LoggedServer(Server):
-    """A Server that notes the time of every scheduling point."""
+    """A Server that notes the time of every scheduling point, where each request was when it was told it
+    is infeasible, and the running first segments predicted past their cut-off (checked at every scheduling
+    point and submit)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.points: list[float] = []
+        self.told_while: dict[str, Status] = {}
+        self.past_cutoff: dict[str, float] = {}
+        """Request id -> the first scheduling point at which it ran predicted past its cut-off."""
 
     def _schedule(self) -> None:
         self.points.append(self.clock.now())
         super()._schedule()
+
+    def _control_overload(self, now: float) -> None:  # at every scheduling point and submit
+        for r in self.running.values():
+            if self._in_first_segment(r) and now + self._first_segment_left(r, now, len(self.running)) > (
+                    r.arrival + r.tuf.cutoff - self.network_latency):
+                self.past_cutoff.setdefault(r.id, now)
+        super()._control_overload(now)
+
+    def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
+        self.told_while[request.id] = request.status
+        super()._infeasible_now(request, now, left)
 
 
 class Run:
@@ -130,7 +146,8 @@ def test_with_timebill_the_fastest_first_segment_is_predicted_for_the_hardware()
         runs[features.timebill] = run = Run(features, profile=profile)
         run.burst(60, URGENT_TUF)
         run.sim.run()
-    told = {tb: {r["id"]: r for r in run.records().values() if r["shed"]} for tb, run in runs.items()}
+    told = {tb: {r["id"]: r for r in run.records().values() if r["shed"] and run.server.told_while[r["id"]].queued}
+            for tb, run in runs.items()}  # shed from the queue (those shed while running: the test below)
     assert len(told[True]) > len(told[False]) > 0
     for rec in told[True].values():
         fastest = rec["best_response"] - (rec["infeasible_at"] - rec["arrival"]) - LATENCY
@@ -138,6 +155,35 @@ def test_with_timebill_the_fastest_first_segment_is_predicted_for_the_hardware()
         due = infeasible_at(rec["arrival"], URGENT_TUF.cutoff, fastest, LATENCY)
         assert due < rec["infeasible_at"]
         assert not [p for p in runs[True].server.points if due < p < rec["infeasible_at"]]
+
+
+EDGE_TUF = TUF(ert=1.2, alpha=-2.0, beta=1.0)
+
+
+def test_running_first_segments_predicted_past_their_cutoff_in_their_batch_are_shed_at_that_point() -> None:
+    """Admitted into a batch whose steps are too slow (an edge GPU, 16 at once), a first segment can still pass
+    its cut-off: it is told at the first scheduling point at which it is predicted to, and served urgent
+    requests stay above zero where, without shedding, they end below."""
+    profile, utility = "jetson-agx-orin-64gb-llama3-8b-q4", {}
+    for shed in (False, True):
+        run = Run(Features(shed=shed, timebill=True), profile=profile, max_batch=16)
+        for i in range(48):  # three every 0.1 s; a cut-off (1.7 s) that a first segment's prefill here leaves room for
+            run.submit_at(run.plan(f"u{i:02d}", DRONE_TRACES[i % len(DRONE_TRACES)], EDGE_TUF, at=0.1 * (i // 3)))
+        run.sim.run()
+        records = run.records()
+        assert len(records) == 48
+        served = [r["utility"] for r in records.values() if not r["shed"]]
+        utility[shed] = sum(served) / len(served)
+    assert utility[False] < 0 < utility[True]
+    server = run.server
+    running = {rid for rid, status in server.told_while.items() if status is Status.RUNNING}
+    assert running and server.counters["shed_running"] == len(running)
+    assert set(server.past_cutoff) == running  # every one predicted past its cut-off was shed...
+    for rid in running:
+        rec = records[rid]
+        assert rec["shed"] and rec["infeasible_at"] == server.past_cutoff[rid]  # ...at that very point
+        tuf = rec["tuf"]
+        assert tuf["alpha"] * (rec["best_response"] - tuf["ert"]) + tuf["beta"] < 0
 
 
 def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting() -> None:

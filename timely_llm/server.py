@@ -313,7 +313,8 @@ class Server:
             if self.amin is not None:
                 needed = self.amin.reserve(request) if parked else self.amin.needed(request)
                 free = self.engine.free_kv_blocks() - reserved
-            if not self.batch.admits(list(self.running.values()), now, free, needed, request):
+            if not self.batch.admits(list(self.running.values()), now, free, needed, request) or (
+                    self.features.shed and self._breaks_a_cutoff(request, now)):
                 if parked or not self.parked:
                     break
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
@@ -386,6 +387,8 @@ class Server:
                 self._infeasible_now(request, now)
             elif request.status is Status.RUNNING and not request.segments:
                 self._infeasible.push(now, request)  # being served: shed only if it returns to the queue unserved
+        if self.features.shed:
+            self._shed_running(now)
         for request, done in self._overruns.pop_due(now):
             if request.status.ended or request.finished_generating or self._segments_done(request) != done:
                 continue  # gone, or that segment came out (its successor is watched)
@@ -395,9 +398,52 @@ class Server:
             else:
                 self._overrun(request, done)
 
-    def _infeasible_now(self, request: Request, now: float) -> None:
+    def _shed_running(self, now: float) -> None:
+        """First segments being generated that, at the batch they are in, can no longer end by their cut-off."""
+        batch = len(self.running)
+        for request in list(self.running.values()):
+            if self._in_first_segment(request):
+                left = self._first_segment_left(request, now, batch)
+                if now + left > self._cutoff_dispatch(request):
+                    self.counters["shed_running"] += 1
+                    self._infeasible_now(request, now, left)
+
+    def _breaks_a_cutoff(self, newcomer: Request, now: float) -> bool:
+        """Would one more generation in the batch make a running first segment, more urgent than ``newcomer``
+        and able to end by its cut-off in the batch as it is, miss it?"""
+        batch = len(self.running)
+        own = self._segment_deadline(newcomer)
+        for request in self.running.values():
+            if not self._in_first_segment(request):
+                continue
+            cutoff = self._cutoff_dispatch(request)
+            if cutoff < own and (now + self._first_segment_left(request, now, batch + 1) > cutoff
+                                 >= now + self._first_segment_left(request, now, batch)):
+                return True
+        return False
+
+    @staticmethod
+    def _in_first_segment(request: Request) -> bool:
+        """Generating its first segment, and not yet told that it is infeasible."""
+        return not request.segments and not request.skipped_segments and request.infeasible_at is None
+
+    def _cutoff_dispatch(self, request: Request) -> float:
+        return request.arrival + request.tuf.cutoff - self.network_latency
+
+    def _first_segment_left(self, request: Request, now: float, batch: int) -> float:
+        """Predicted time to the end of a running first segment in a batch of ``batch``: TimeBill's expected
+        tokens still to come at that batch's token time; without it, the robot's profiled G from its start."""
+        if self.times:
+            return self.times.expected_tokens(request) * self.times.token_time(batch, request.context_tokens)
+        started = now if request.seg_gen_start is None else request.seg_gen_start
+        return max(started + request.robot.segment_generation_time - now, 0.0)
+
+    def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
+        """Tell (shed, or notify a robot that keeps waiting); ``left``: the predicted rest of a first segment
+        being generated (default: the fastest first segment, for one not started)."""
         request.infeasible_at = now
-        request.best_response = now + request.fastest_first_segment + self.network_latency - request.arrival
+        left = request.fastest_first_segment if left is None else left
+        request.best_response = now + left + self.network_latency - request.arrival
         if request.keep_if_infeasible:
             self.counters["infeasible_kept"] += 1
             self.on_infeasible(request)
