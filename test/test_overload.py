@@ -186,6 +186,22 @@ def test_running_first_segments_predicted_past_their_cutoff_in_their_batch_are_s
         assert tuf["alpha"] * (rec["best_response"] - tuf["ert"]) + tuf["beta"] < 0
 
 
+def test_admission_keeps_running_first_segments_able_to_make_their_cutoff(monkeypatch) -> None:
+    """A newcomer that would push a more urgent running first segment past its cut-off waits: fewer running
+    first segments then turn infeasible (and are shed) than when admission ignores them."""
+    shed_running = {}
+    for guarded in (True, False):
+        if not guarded:
+            monkeypatch.setattr(Server, "_breaks_a_cutoff", lambda self, newcomer, now: False)
+        run = Run(Features(shed=True, timebill=True), profile="jetson-agx-orin-64gb-llama3-8b-q4", max_batch=16)
+        for i in range(48):
+            run.submit_at(run.plan(f"u{i:02d}", DRONE_TRACES[i % len(DRONE_TRACES)], EDGE_TUF, at=0.1 * (i // 3)))
+        run.sim.run()
+        assert len(run.records()) == 48
+        shed_running[guarded] = run.server.counters["shed_running"]
+    assert shed_running[True] < shed_running[False]
+
+
 def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting() -> None:
     impossible = TUF(ert=0.0, alpha=-100.0, beta=1.0)  # cut-off 10 ms: below network latency + G
     run = Run(Features(shed=True))
