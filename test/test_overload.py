@@ -22,7 +22,7 @@ from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.errors import ConfigError
 from timely_llm.evaluation.harness import SimulatedRobots, Simulation, run_bench
-from timely_llm.evaluation.metrics import markdown_table, shed_utility, summarize
+from timely_llm.evaluation.metrics import markdown_table, run_end, shed_utility, summarize
 from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.workloads.generator import BUILTIN, Workload, generate, load_workload
 from timely_llm.workloads.traces import load_catalog
@@ -301,6 +301,21 @@ def test_summary_reports_utility_with_and_without_shed_requests() -> None:
     assert counted < URGENT_TUF(0.6) < 0  # never better than its best case when it was shed
 
 
+def test_killed_plans_count_back_at_their_first_action_or_else_after_the_run() -> None:
+    served = _record("a", "succeeded", 2.0, arrival=0.0, segments=[{"exec_start": 0.1, "exec_end": 50.0}])
+    acted = _record("b", "aborted", None, arrival=5.0, killed_at=30.0,
+                    segments=[{"exec_start": 5.3, "exec_end": 8.0}, {"exec_start": 9.0, "exec_end": 12.0}])
+    never = _record("c", "aborted", None, arrival=20.0, killed_at=60.0)  # killed before its first action
+    summary = summarize([served, acted, never])["urgent"]
+    assert summary["killed"] == 2 and summary["aborted"] == 2 and summary["shed"] == 0
+    assert summary["mean_utility"] == 2.0
+    end = 60.0  # the kill after every segment's end
+    assert shed_utility(acted, end) == pytest.approx(URGENT_TUF(0.3))
+    assert shed_utility(never, end) == pytest.approx(URGENT_TUF(40.0))
+    assert summary["mean_utility_with_shed"] == pytest.approx((2.0 + URGENT_TUF(0.3) + URGENT_TUF(40.0)) / 3)
+    assert "killed" not in summarize([served])["urgent"]
+
+
 def test_summary_without_shed_requests_has_equal_figures() -> None:
     from_ros = {k: v for k, v in _record("c", "aborted", None).items() if k not in ("segments", "shed")}  # fleet's
     summary = summarize([_record("a", "succeeded", 1.5), from_ros])["all"]
@@ -343,6 +358,15 @@ def test_bench_overrun_strategies_change_the_records_as_specified() -> None:
         assert r["reason"] == f"segment {len(sent)} overran its deadline (overrun strategy kill)"
         assert sent == whole[r["id"]][:len(sent)] and len(sent) < len(whole[r["id"]])  # ended there
     assert {len(r["segments"]) > 0 for r in killed} == {False, True}  # first segments and later ones
+    assert all(r["killed_at"] is not None for r in killed)
+    assert not any(r["killed_at"] for r in killing["requests"] if r["status"] == "succeeded")
+    end = run_end(killing["requests"])
+    for category, summary in killing["summary"].items():  # the killed counted back in, not hidden by the served mean
+        mine = [r for r in killing["requests"] if category in ("all", r["category"])]
+        ended = [r for r in mine if r["killed_at"] is not None]
+        assert summary.get("killed", 0) == len(ended)
+        counted = [r["utility"] for r in mine if r["status"] == "succeeded"] + [shed_utility(r, end) for r in ended]
+        assert summary["mean_utility_with_shed"] == pytest.approx(sum(counted) / len(counted))
 
     assert all(r["status"] == "succeeded" for r in skipping["requests"])
     assert sum(r["skipped_segments"] for r in skipping["requests"]) == skipping["counters"]["overruns_skipped"] > 0

@@ -223,7 +223,9 @@ def _print_summary(result: dict) -> None:
 
     print(f"{result['policy']} on {result['workload']} ({result['hw']}, seed {result['seed']}):")
     for category, s in result["summary"].items():
-        shed = f" shed={s['shed']} utility with shed={fmt(s['mean_utility_with_shed'])}" if s.get("shed") else ""
+        killed = f" killed={s['killed']}" if s.get("killed") else ""
+        shed = (f" shed={s['shed']}{killed} utility with shed={fmt(s['mean_utility_with_shed'])}"
+                if s.get("shed") or killed else "")
         print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
               f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s{shed}")
 

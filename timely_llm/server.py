@@ -455,6 +455,7 @@ class Server:
     def _overrun(self, request: Request, index: int) -> None:
         if request.overrun == OVERRUN_KILL:
             self.counters["overruns_killed"] += 1
+            request.killed_at = self.clock.now()
             self._finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
         else:
             request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)

@@ -167,6 +167,8 @@ class Request:
     """Skip-next: the segment being generated overran and will not be sent."""
     skipped_segments: int = 0
     """Segments generated but dropped by skip-next."""
+    killed_at: float | None = None
+    """Kill: when its plan was ended because a segment overran its deadline."""
     path: list[Status] = field(default_factory=lambda: [Status.WAITING], init=False)
     """Every status the request has had, in order; the last is its status now."""
 
@@ -218,7 +220,8 @@ class Outcome:
     served at once it could no longer get utility >= 0; ``infeasible_at`` is when the
     server found that (and told the robot, shed or kept waiting), ``best_response`` the
     earliest response it could still have had then; ``skipped_segments`` counts the
-    segments skip-next dropped (``plan`` holds only the segments sent).
+    segments skip-next dropped (``plan`` holds only the segments sent); ``killed_at`` is when
+    the kill strategy ended the plan (aborted; ``segments`` holds what was sent before).
     """
 
     id: str
@@ -242,6 +245,7 @@ class Outcome:
     infeasible_at: float | None = None
     best_response: float | None = None
     skipped_segments: int = 0
+    killed_at: float | None = None
 
     @classmethod
     def of(cls, request: Request) -> Outcome:
@@ -252,7 +256,7 @@ class Outcome:
                       request.status, request.reason, request.arrival, request.tuf,
                       "".join(s.text for s in segments), len(request.output_ids), tuple(segments),
                       shed=request.shed, infeasible_at=request.infeasible_at, best_response=request.best_response,
-                      skipped_segments=request.skipped_segments)
+                      skipped_segments=request.skipped_segments, killed_at=request.killed_at)
         if request.status is not Status.SUCCEEDED or not segments:
             return outcome
         response = segments[0].exec_start - request.arrival
@@ -273,5 +277,5 @@ class Outcome:
             "plan": self.plan, "output_tokens": self.output_tokens,
             "segments": [s.to_dict() for s in self.segments],
             "shed": self.shed, "infeasible_at": self.infeasible_at, "best_response": self.best_response,
-            "skipped_segments": self.skipped_segments,
+            "skipped_segments": self.skipped_segments, "killed_at": self.killed_at,
         }
