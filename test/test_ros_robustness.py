@@ -8,6 +8,7 @@ the status topic counts goals whose robot is executing; lifecycle transitions ga
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import pytest
@@ -156,3 +157,36 @@ def test_a_node_that_cannot_configure_says_why(session: tuple) -> None:
 
     with pytest.raises(NodeStartError, match="policy"), server_node(session[1], session[0], policy="nonsense"):
         pass
+
+
+class _PausingAfterSend:
+    """rclpy's C action-client handle, pausing after each goal request is sent, as a sender thread that the
+    OS deschedules there would: the node answers in the meantime."""
+
+    def __init__(self, handle: object, pause_s: float) -> None:
+        self._handle = handle
+        self._pause_s = pause_s
+
+    def send_goal_request(self, request: object) -> int:
+        sequence_number = self._handle.send_goal_request(request)
+        time.sleep(self._pause_s)
+        return sequence_number
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> object:
+        return self._handle.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.__exit__(*exc)
+
+
+def test_a_goal_answered_before_its_sender_registered_it_still_completes(session: tuple, link: PlanLink,
+                                                                         robots: Callable) -> None:
+    # ros2/rclpy#1123: with Jazzy's ActionClient the executor drops that answer ("Ignoring unexpected goal
+    # response") and the goal never completes; PlanActionClient takes answers only once requests are registered.
+    link.action._client_handle = _PausingAfterSend(link.action._client_handle, 0.5)
+    with server_node(session[1], session[0]):
+        outcomes = [ask(robots(f"tello-{i}", "tello"), 6) for i in range(2)]
+        assert [outcome.wait(RESULT_TIMEOUT_S).status for outcome in outcomes] == ["succeeded", "succeeded"]

@@ -16,9 +16,12 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from rclpy.action import ActionClient
+from rclpy.action.client import ClientGoalHandle
 from rclpy.node import Node
+from rclpy.task import Future as RclpyFuture
 
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
@@ -92,12 +95,43 @@ class TaskOutcome:
         return self.result.status if self.result is not None else "rejected"
 
 
+class PlanActionClient(ActionClient):
+    """rclpy's ActionClient, safe to send from any thread while an executor spins another.
+
+    Jazzy's rclpy registers a request's sequence number (and a goal's feedback callback) only after
+    sending it; an executor thread that takes the response, or the first feedback, in between drops
+    it as unexpected and the goal's future never completes (ros2/rclpy#1123, fixed upstream by
+    ros2/rclpy#1308 after the Jazzy wheels). Sending and taking hold one lock, so a response is
+    taken only once its request is registered.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._request_lock = threading.RLock()
+
+    def take_data(self) -> dict:
+        with self._request_lock:
+            return super().take_data()
+
+    def send_goal_async(self, *args: Any, **kwargs: Any) -> RclpyFuture:
+        with self._request_lock:
+            return super().send_goal_async(*args, **kwargs)
+
+    def _cancel_goal_async(self, goal_handle: ClientGoalHandle) -> RclpyFuture:
+        with self._request_lock:
+            return super()._cancel_goal_async(goal_handle)
+
+    def _get_result_async(self, goal_handle: ClientGoalHandle) -> RclpyFuture:
+        with self._request_lock:
+            return super()._get_result_async(goal_handle)
+
+
 class PlanLink:
     """A node's action client and ``SegmentDone`` publisher, shared by the robots on that node."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.action = ActionClient(node, RequestPlan, "request_plan", **action_client_qos())
+        self.action = PlanActionClient(node, RequestPlan, "request_plan", **action_client_qos())
         self.done_pub = node.create_publisher(SegmentDone, "segment_done", DEEP_RELIABLE)
 
     def wait_for_server(self, timeout_s: float = 30.0) -> bool:
