@@ -117,3 +117,20 @@ def test_load_bench_prints_every_goal_ended_and_flat_memory(ros_domain: int) -> 
     goals = int(row[1])
     assert goals >= 20 and f"{goals} succeeded; exit 0" in " ".join(row), done.stdout
     assert "after 40 goals" in done.stdout and "after 80 goals" in done.stdout, done.stdout
+
+
+def test_load_bench_says_which_answer_a_goal_never_got() -> None:
+    from action_msgs.msg import GoalStatus
+
+    from timely_llm.ros.interfaces import RequestPlan
+    from timely_llm.ros.load_bench import GoalTimes, _plan_status
+
+    assert GoalTimes(sent=0.0).outcome == "no goal response"
+    assert GoalTimes(sent=0.0, accepted=0.1).outcome == "no result"
+    assert GoalTimes(sent=0.0, accepted=0.1, ended=0.2, status="aborted").outcome == "aborted"
+    response = RequestPlan.Impl.GetResultService.Response(status=GoalStatus.STATUS_UNKNOWN)
+    assert _plan_status(response) == "result expired"
+    response.status = GoalStatus.STATUS_ABORTED
+    assert _plan_status(response) == f"no plan status (ROS status {GoalStatus.STATUS_ABORTED})"
+    response.status, response.result.status = GoalStatus.STATUS_SUCCEEDED, "succeeded"
+    assert _plan_status(response) == "succeeded"

@@ -21,6 +21,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from action_msgs.msg import GoalStatus
 from rclpy.node import Node
 
 from timely_llm.core.skills import SkillModel
@@ -41,6 +43,8 @@ SERVER_WAIT_S = 60.0
 DRAIN_S = 120.0
 SAMPLE_S = 0.5
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+NO_GOAL_RESPONSE, NO_RESULT = "no goal response", "no result"
+UNANSWERED = (NO_GOAL_RESPONSE, NO_RESULT)
 
 
 @dataclass
@@ -48,6 +52,9 @@ class NodeProcess:
     """The node's process and what ``/proc`` says about it."""
 
     process: subprocess.Popen
+    log: str
+    """Its stdout and stderr; removed when the node is done with, unless ``keep_log``."""
+    keep_log: bool = False
 
     def cpu_seconds(self) -> float:
         fields = open(f"/proc/{self.process.pid}/stat").read().rsplit(")", 1)[1].split()
@@ -67,16 +74,22 @@ class NodeProcess:
 
 @contextmanager
 def node_process(domain_id: int, **params: object) -> Iterator[NodeProcess]:
+    """The node on ``domain_id`` with parameter overrides, its output in a log file."""
     overrides = [arg for k, v in params.items() for arg in ("-p", f"{k}:={v}")]
     env = os.environ | {"ROS_DOMAIN_ID": str(domain_id)}
-    process = subprocess.Popen([sys.executable, "-m", "timely_llm.ros.node", "--ros-args", *overrides], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_fd, log = tempfile.mkstemp(prefix="timely-llm-load-node-", suffix=".log")
+    with os.fdopen(log_fd, "w") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", "timely_llm.ros.node", "--ros-args", *overrides],
+                                   env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    node = NodeProcess(process, log)
     try:
-        yield NodeProcess(process)
+        yield node
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+        if not node.keep_log:
+            os.remove(log)
 
 
 class Timers:
@@ -118,6 +131,13 @@ class GoalTimes:
     accepted: float | None = None
     ended: float | None = None
     status: str = ""
+
+    @property
+    def outcome(self) -> str:
+        """The plan's status, or which answer never came: the goal's response, or its result."""
+        if self.accepted is None:
+            return NO_GOAL_RESPONSE
+        return self.status or NO_RESULT
 
 
 @dataclass
@@ -175,7 +195,7 @@ class Swarm:
             times.ended, times.status = time.monotonic(), "rejected"
             return
         handle.get_result_async().add_done_callback(
-            lambda f: self._ended(agent, times, f.result().result.status, handle.goal_id.uuid.tobytes().hex()))
+            lambda f: self._ended(agent, times, _plan_status(f.result()), handle.goal_id.uuid.tobytes().hex()))
 
     def _on_feedback(self, agent: int, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
         segment = feedback.feedback.segment
@@ -214,6 +234,8 @@ class LoadResult:
     node_rss_mib: float
     statuses: Counter
     exit_code: int
+    node_log: str
+    """Kept only where a goal went unanswered."""
 
     HEADER = ("agents  goals  in flight     accept ms: burst p50/p99  steady p50/p99  goals/s  node cpu %  rss MiB"
               "  ended")
@@ -224,7 +246,11 @@ class LoadResult:
                 f" {self.burst_accept_ms[0]:12.0f} /{self.burst_accept_ms[1]:6.0f}"
                 f" {self.steady_accept_ms[0]:11.0f} /{self.steady_accept_ms[1]:6.0f}"
                 f" {self.goals_per_s:8.1f} {self.node_cpu_percent:11.0f} {self.node_rss_mib:8.0f}  {ended}; "
-                f"exit {self.exit_code}")
+                f"exit {self.exit_code}{self._log_note()}")
+
+    def _log_note(self) -> str:
+        unanswered = sum(self.statuses[s] for s in UNANSWERED)
+        return f"; {unanswered} unanswered, node log: {self.node_log}" if unanswered else ""
 
 
 def run_load(agents: int, duration_s: float, skills: dict[str, SkillModel], catalog: TraceCatalog,
@@ -245,9 +271,11 @@ def run_load(agents: int, duration_s: float, skills: dict[str, SkillModel], cata
         swarm.stop_sending()
         _drain(swarm)
         exit_code = node.stop()
+        outcomes = Counter(g.outcome for g in swarm.goals)
+        node.keep_log = any(outcomes[s] for s in UNANSWERED)
     return LoadResult(agents, len(swarm.goals), sum(in_flight) / len(in_flight), max(in_flight),
                       _accept_ms(swarm.goals[:agents]), _accept_ms(swarm.goals[agents:]), ended_in_window / wall,
-                      100 * cpu / wall, max(rss), Counter(g.status or "no answer" for g in swarm.goals), exit_code)
+                      100 * cpu / wall, max(rss), outcomes, exit_code, node.log)
 
 
 def rss_after_goals(marks: list[int], agents: int, skills: dict[str, SkillModel], catalog: TraceCatalog,
@@ -284,6 +312,14 @@ def _swarm(domain_id: int, agents: int, skills: dict[str, SkillModel], catalog: 
             swarm.close()
             executor.remove_node(client)
             client.destroy_node()
+
+
+def _plan_status(response) -> str:  # noqa: ANN001 - GetResult response
+    """The plan's status; a result the node no longer held (ended over result_timeout ago), or one with no
+    plan status (the node's execute callback raised), says so."""
+    if response.status == GoalStatus.STATUS_UNKNOWN:
+        return "result expired"
+    return response.result.status or f"no plan status (ROS status {response.status})"
 
 
 def _drain(swarm: Swarm) -> None:
