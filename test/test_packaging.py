@@ -132,10 +132,23 @@ def _serve_one_goal(link: PlanLink, server: Running) -> None:
 
 # ----- timely-llm serve from an activated venv -----
 
-def test_serve_help_from_an_activated_venv() -> None:
-    out = subprocess.run([VENV_BIN / "timely-llm", "serve", "--help"], env=_venv_env(0),
-                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
-    assert out.returncode == 0 and "--ros-args" in out.stdout, out.stderr
+def _readme_commands() -> list[list[str]]:
+    """Each command of README.md's command table, without its arguments: ``timely-llm SUB`` or ``python -m M``."""
+    section = (REPO / "README.md").read_text().split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    words = [line.split("`")[1].split() for line in section.splitlines() if line.startswith("| `")]
+    return [w[:3] if w[1] == "-m" else w[:2] for w in words]
+
+
+def test_every_readme_command_answers_help_from_an_activated_venv() -> None:
+    commands = _readme_commands()
+    assert len(commands) >= 15 and ["timely-llm", "serve"] in commands, commands
+    for command in commands:
+        out = subprocess.run([VENV_BIN / command[0], *command[1:], "--help"], env=_venv_env(0),
+                             capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        assert out.returncode == 0 and out.stdout.startswith("usage:"), (command, out.stderr[-2000:])
+    serve = subprocess.run([VENV_BIN / "timely-llm", "serve", "--help"], env=_venv_env(0),
+                           capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert "--ros-args" in serve.stdout
 
 
 OVERRIDE = ["--ros-args", "-p", "policy:=fcfs"]
