@@ -16,7 +16,7 @@ from timely_llm.executors.minispec import (
     StreamedPlan,
     Value,
     parse,
-    split_complete,
+    split_units,
 )
 
 
@@ -154,20 +154,23 @@ def test_skill_failure_stops_the_program() -> None:
         interpreter.run("tc(90);mf(999);tc(90)")
 
 
-@pytest.mark.parametrize(("text", "complete", "rest"), [
-    ("mf(50)", "mf(50)", ""),
-    ("mf(50);tc(9", "mf(50);", "tc(9"),
-    ("?iv('cat')==True{mf(50);", "", "?iv('cat')==True{mf(50);"),
-    ("4{tc(1)}mf(3", "4{tc(1)}", "mf(3"),
-    ("_1=iv('a;b}')", "_1=iv('a;b}')", ""),
-    ("tp", "", "tp"),
-    ("tp;->Tr", "tp;", "->Tr"),
+@pytest.mark.parametrize(("text", "units", "rest"), [
+    ("mf(50)", ["mf(50)"], ""),
+    ("mf(50);tc(9", ["mf(50)"], "tc(9"),
+    ("?iv('cat')==True{mf(50);", ["?iv('cat')==True{", "mf(50)"], ""),
+    ("4{tc(1)}mf(3", ["4{", "tc(1)", "}"], "mf(3"),
+    ("_1=iv('a;b}')", ["_1=iv('a;b}')"], ""),
+    ("tp", [], "tp"),
+    ("tp}", ["tp", "}"], ""),
+    ("tp;->Tr", ["tp"], "->Tr"),
+    ("?oh('c')>0.2{->od('c')}", ["?oh('c')>0.2{", "->od('c')", "}"], ""),
 ])
-def test_split_complete_cuts_after_finished_statements(text: str, complete: str, rest: str) -> None:
-    assert split_complete(text) == (complete, rest)
+def test_split_units_cuts_statements_block_headers_and_closing_braces(text: str, units: list[str],
+                                                                      rest: str) -> None:
+    assert split_units(text) == (units, rest)
 
 
-def test_streamed_plan_runs_each_statement_once_complete() -> None:
+def test_streamed_plan_runs_each_statement_once_complete_inside_a_block_too() -> None:
     skills = RecordingSkills({"iv": True})
     plan = StreamedPlan(skills)
 
@@ -179,10 +182,49 @@ def test_streamed_plan_runs_each_statement_once_complete() -> None:
     after_third = skills.names()
     outcome = plan.feed("->True", final=True)
 
-    assert after_first == ["mf"]
-    assert after_second == ["mf"]
+    assert after_first == ["mf", "iv"]
+    assert after_second == ["mf", "iv", "tc"]
     assert after_third == ["mf", "iv", "tc", "mu"]
     assert outcome.returned and outcome.value is True
+
+
+def test_streamed_plan_skips_a_block_whose_condition_fails_and_what_it_nests() -> None:
+    skills = RecordingSkills({"iv": False})
+    plan = StreamedPlan(skills)
+    for segment in ("?iv('cat')==True{", "g('cat');", "2{tc(90)}", "}", "mu(20);"):
+        plan.feed(segment)
+    assert skills.names() == ["iv", "mu"]
+
+
+def test_streamed_plan_runs_a_loops_first_round_as_it_arrives_and_the_rest_at_its_close() -> None:
+    skills = RecordingSkills({"iv": lambda name: name == "cat"})
+    plan = StreamedPlan(skills)
+
+    plan.feed("3{tc(90);")
+    first_round = skills.names()
+    plan.feed("2{mu(1)};?iv('dog'){mf(5)}")
+    plan.feed("}")
+
+    assert first_round == ["tc"]
+    assert skills.names() == ["tc", "mu", "mu", "iv"] * 3
+
+
+def test_streamed_plan_ends_inside_a_loop_at_a_return() -> None:
+    skills = RecordingSkills({"iv": lambda name: len(skills.calls) > 3})
+    plan = StreamedPlan(skills)
+    plan.feed("5{tc(90);?iv('cat'){->True}")
+    outcome = plan.feed("}mf(50)", final=True)
+    assert outcome.returned and outcome.value is True
+    assert skills.names() == ["tc", "iv", "tc", "iv"]
+
+
+@pytest.mark.parametrize("segments", [["mf(50);}"], ["?iv('cat'){", "mf(50)"], ["tp;x{", "mf(1)}"]],
+                         ids=["close_without_open", "never_closed", "bad_header"])
+def test_streamed_plan_rejects_unbalanced_or_malformed_blocks(segments: list[str]) -> None:
+    plan = StreamedPlan(RecordingSkills({"iv": True}))
+    with pytest.raises(MiniSpecError):
+        for index, segment in enumerate(segments):
+            plan.feed(segment, final=index == len(segments) - 1)
 
 
 def test_streamed_plan_keeps_variables_across_segments() -> None:

@@ -224,6 +224,17 @@ def test_segments_stream_into_one_plan(drone: TelloExecutor, sim: TelloSimulator
     assert second.returned is True
 
 
+def test_a_conditional_block_flies_segment_by_segment_as_the_node_dispatches_it(drone: TelloExecutor,
+                                                                                sim: TelloSimulator) -> None:
+    drone.execute_text("takeoff;?iv('cat')==True{", request_id="r1")
+    drone.execute_text("tc(90);", request_id="r1")
+    flown_before_close = list(sim.commands)
+    closed = drone.execute_text("}", request_id="r1", final=True)
+
+    assert closed.success and flown_before_close[-2:] == ["takeoff", "cw 90"]
+    assert sim.commands == flown_before_close
+
+
 def test_parsed_calls_with_string_arguments_run_in_order(drone: TelloExecutor, sim: TelloSimulator) -> None:
     result = drone.execute_calls([("takeoff", []), ("mu", ["40"]), ("tu", ["90"]), ("d", ["0.5"])])
 

@@ -312,6 +312,14 @@ class Interpreter:
         else:
             self._evaluate(statement)
 
+    def holds(self, condition: str) -> bool:
+        """Evaluate a condition's source (``iv('cat')==True``); MiniSpecError if it is malformed."""
+        parser = _Parser(condition)
+        parsed = parser.condition()
+        if parser.peek() is not None:
+            raise MiniSpecError(f"unexpected {parser.peek().text!r} in condition {condition!r}")
+        return self._holds(parsed)
+
     def _holds(self, condition: Condition) -> bool:
         if isinstance(condition, BoolOp):
             combine = all if condition.operator == "&" else any
@@ -335,58 +343,119 @@ class Interpreter:
         return self.dispatch(operand.name, [self._evaluate(arg) for arg in operand.args])
 
 
-def split_complete(text: str) -> tuple[str, str]:
-    """Split streamed plan text into its complete top-level statements and the unfinished rest.
+def split_units(text: str) -> tuple[list[str], str]:
+    """Cut streamed plan text into its complete units and the unfinished rest.
 
-    A call or assignment is complete once its argument list closes, a loop or
-    conditional once its block closes, anything else at its ``;``.
+    A unit is a statement, a block's header (``?condition{`` or ``N{``) or a block's closing
+    ``}``. A call or assignment is complete once its argument list closes, any other
+    statement at the ``;`` or ``}`` after it.
     """
-    cut, braces, parens = 0, 0, 0
+    units: list[str] = []
+    start, parens = 0, 0
     quote: str | None = None
-    statement_start: int | None = None
     for index, char in enumerate(text):
         if quote:
             quote = None if char == quote else quote
             continue
-        if statement_start is None and not char.isspace() and char != ";":
-            statement_start = index
+        statement = text[start:index + 1].lstrip("; \t\n")
         if char in "'\"":
             quote = char
-        elif char in "{(":
-            braces += char == "{"
-            parens += char == "("
+        elif char == "(":
+            parens += 1
         elif char == ")":
             parens -= 1
-            ends_call = braces == 0 and parens == 0 and _starts_call(text, statement_start)
-            cut, statement_start = (index + 1, None) if ends_call else (cut, statement_start)
-        elif char == "}":
-            braces -= 1
-            cut, statement_start = (index + 1, None) if braces == 0 else (cut, statement_start)
-        elif char == ";" and braces == 0:
-            cut, statement_start = index + 1, None
-    return text[:cut], text[cut:]
+            if parens == 0 and (statement[:1].isalpha() or statement[:1] == "_"):
+                units.append(statement)
+                start = index + 1
+        elif parens == 0 and char in "{};":
+            if char == "{":
+                units.append(statement)
+            else:
+                units.extend(filter(None, (statement[:-1].strip(), "}" if char == "}" else "")))
+            start = index + 1
+    return units, text[start:]
 
 
-def _starts_call(text: str, statement_start: int | None) -> bool:
-    return statement_start is not None and (text[statement_start].isalpha() or text[statement_start] == "_")
+@dataclass
+class _Block:
+    """An open block: whether its statements run as they arrive, how many more rounds it runs at its ``}``
+    (a loop's), and its statements so far."""
+
+    header: str
+    runs: bool
+    more_rounds: int
+    body: list[str]
 
 
 class StreamedPlan:
     """Runs a plan that arrives segment by segment, each statement as soon as it is complete.
 
-    A block (loop or conditional) split across segments runs when its closing ``}``
-    arrives. After ``->value`` the plan is over and later text is ignored.
+    A conditional's condition is evaluated when its ``{`` arrives and, where it holds, the
+    statements inside run as they arrive; a loop's first round runs as it arrives and the
+    other rounds when its ``}`` does. So a robot spends on each segment the time of the
+    skill calls it holds, as the node's skill models estimate it. After ``->value`` the plan
+    is over and later text is ignored.
     """
 
     def __init__(self, dispatch: SkillDispatch) -> None:
         self.interpreter = Interpreter(dispatch)
         self.pending = ""
         self.outcome = Outcome(False)
+        self._blocks: list[_Block] = []
 
     def feed(self, text: str, final: bool = False) -> Outcome:
-        """Run the statements ``text`` completes; with ``final`` run everything left."""
-        if self.outcome.returned:
-            return self.outcome
-        ready, self.pending = (self.pending + text, "") if final else split_complete(self.pending + text)
-        self.outcome = self.interpreter.run(ready)
+        """Run the statements ``text`` completes; with ``final`` run everything left (a block left open is an
+        error)."""
+        units, self.pending = split_units(self.pending + text)
+        if final and self.pending.strip():
+            units.append(self.pending.strip())
+            self.pending = ""
+        for unit in units:
+            if self.outcome.returned:
+                break
+            self._take(unit)
+        if final and self._blocks and not self.outcome.returned:
+            raise MiniSpecError(f"block {self._blocks[-1].header!r} is never closed")
         return self.outcome
+
+    def _take(self, unit: str) -> None:
+        if unit.endswith("{"):
+            self._open(unit)
+        elif unit == "}":
+            self._close()
+        else:
+            self._run(unit, self._runs())
+
+    def _runs(self) -> bool:
+        return not self._blocks or self._blocks[-1].runs
+
+    def _open(self, header: str) -> None:
+        head = header[:-1].strip()
+        if head.startswith("?"):
+            runs, more_rounds = self._runs() and self.interpreter.holds(head[1:]), 0
+        elif head.isdigit():
+            runs, more_rounds = self._runs() and int(head) > 0, max(int(head) - 1, 0)
+        else:
+            raise MiniSpecError(f"a block opens after '?condition' or a count, not after {head!r}")
+        self._blocks.append(_Block(header, runs, more_rounds, []))
+
+    def _close(self) -> None:
+        if not self._blocks:
+            raise MiniSpecError("'}' closes no block")
+        block = self._blocks.pop()
+        body = ";".join(block.body)
+        for _ in range(block.more_rounds if block.runs else 0):
+            if self.outcome.returned:
+                return
+            self._run(body, True, record=False)
+        self._record(block.header + body + "}")
+
+    def _run(self, statements: str, runs: bool, record: bool = True) -> None:
+        if runs:
+            self.outcome = self.interpreter.run(statements)
+        if record:
+            self._record(statements)
+
+    def _record(self, statements: str) -> None:
+        if self._blocks:
+            self._blocks[-1].body.append(statements)
