@@ -8,11 +8,13 @@ the status topic counts goals whose robot is executing; lifecycle transitions ga
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 
 import pytest
 from guards import wait_until
+from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.lifecycle import TransitionCallbackReturn
 
 from timely_llm.core.skills import load_skill_models
@@ -24,6 +26,7 @@ from timely_llm.workloads.traces import load_catalog
 pytestmark = pytest.mark.ros
 
 RESULT_TIMEOUT_S = 60.0
+SERVER_NODE = "timely_llm_server"
 CATALOG = load_catalog()
 SKILLS = load_skill_models()
 
@@ -54,14 +57,35 @@ BAD_REPORTS = [  # (agent, index, duration, success, what the node logs)
 ]
 
 
-def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: tuple, link: PlanLink,
-                                                                     robots: Callable, capfd) -> None:
-    chunks: list[str] = []
+@pytest.fixture
+def server_log(monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
+    """What the server node has logged so far, recorded where rclpy hands each line to rcutils.
+
+    Not read from captured stderr: each read (capfd) truncates the capture file after reading it,
+    losing any line the node writes in between.
+    """
+    lines: list[str] = []
+    lock = threading.Lock()
+    emit = rclpy_implementation.rclpy_logging_rcutils_log
+
+    def recording_emit(severity: int, name: str, message: str, *caller: object) -> None:
+        if name == SERVER_NODE:
+            with lock:
+                lines.append(message)
+        emit(severity, name, message, *caller)
+
+    monkeypatch.setattr(rclpy_implementation, "rclpy_logging_rcutils_log", recording_emit)
 
     def logged() -> str:
-        chunks.append(capfd.readouterr().err)
-        return "".join(chunks)
+        with lock:
+            return "\n".join(lines)
 
+    return logged
+
+
+def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: tuple, link: PlanLink,
+                                                                     robots: Callable,
+                                                                     server_log: Callable[[], str]) -> None:
     with server_node(session[1], session[0], segment_timeout_margin=60.0):
         victim = ask(robots("victim", report=False), 2)
         bystander = ask(robots("bystander"), 7)
@@ -70,14 +94,14 @@ def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: t
             report(link, agent, victim, index, duration, success, "sabotage")
         report(link, "victim", victim, 0)
         report(link, "victim", victim, 0)  # duplicate
-        wait_until(lambda: "segment 0 was already reported" in logged(), RESULT_TIMEOUT_S, "the duplicate refused")
+        wait_until(lambda: "segment 0 was already reported" in server_log(), RESULT_TIMEOUT_S, "the duplicate refused")
         assert not victim.finished.done()  # still waiting for its other segments: nothing was aborted
         for index in range(1, len(victim.segments)):
             report(link, "victim", victim, index)
         victim.wait(RESULT_TIMEOUT_S)
         assert bystander.wait(RESULT_TIMEOUT_S).status == "succeeded"
     for _, _, _, _, reason in BAD_REPORTS:
-        assert reason in logged(), reason
+        assert reason in server_log(), reason
     assert victim.status == "succeeded", victim.result.reason
     assert victim.result.num_segments == len(victim.segments)
     assert 0 <= victim.result.response_time < RESULT_TIMEOUT_S and math.isfinite(victim.result.waiting_time)
