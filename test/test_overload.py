@@ -14,7 +14,7 @@ from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
-from timely_llm.core.overload import INFEASIBLE_REASON, infeasible_at
+from timely_llm.core.overload import INFEASIBLE_REASON, OverloadControl, in_first_segment, infeasible_at
 from timely_llm.core.request import Outcome, Request, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF, URGENT_TUF
@@ -44,17 +44,20 @@ class LoggedServer(Server):
         self.told_while: dict[str, Status] = {}
         self.past_cutoff: dict[str, float] = {}
         """Request id -> the first scheduling point at which it ran predicted past its cut-off."""
+        check = self.overload.check
+
+        def noting_check(now: float) -> None:  # at every scheduling point and submit
+            for r in self.running.values():
+                if in_first_segment(r) and now + self.overload.first_segment_left(r, now, len(self.running)) > (
+                        r.arrival + r.tuf.cutoff - self.network_latency):
+                    self.past_cutoff.setdefault(r.id, now)
+            check(now)
+
+        self.overload.check = noting_check
 
     def _schedule(self) -> None:
         self.points.append(self.clock.now())
         super()._schedule()
-
-    def _control_overload(self, now: float) -> None:  # at every scheduling point and submit
-        for r in self.running.values():
-            if self._in_first_segment(r) and now + self._first_segment_left(r, now, len(self.running)) > (
-                    r.arrival + r.tuf.cutoff - self.network_latency):
-                self.past_cutoff.setdefault(r.id, now)
-        super()._control_overload(now)
 
     def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
         self.told_while[request.id] = request.status
@@ -192,7 +195,7 @@ def test_admission_keeps_running_first_segments_able_to_make_their_cutoff(monkey
     shed_running = {}
     for guarded in (True, False):
         if not guarded:
-            monkeypatch.setattr(Server, "_breaks_a_cutoff", lambda self, newcomer, now: False)
+            monkeypatch.setattr(OverloadControl, "breaks_a_cutoff", lambda self, newcomer, now: False)
         run = Run(Features(shed=True, timebill=True), profile="jetson-agx-orin-64gb-llama3-8b-q4", max_batch=16)
         for i in range(48):
             run.submit_at(run.plan(f"u{i:02d}", DRONE_TRACES[i % len(DRONE_TRACES)], EDGE_TUF, at=0.1 * (i // 3)))

@@ -34,9 +34,7 @@ from timely_llm.core.overload import (
     OVERRUN_KILL,
     OVERRUN_NONE,
     OVERRUN_STRATEGIES,
-    DueHeap,
-    infeasible_at,
-    segment_deadline,
+    OverloadControl,
 )
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
@@ -151,10 +149,8 @@ class Server:
         self.counters: Counter[str] = Counter()
         """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
         self.batch.counters = self.counters
-        self._infeasible: DueHeap[Request] = DueHeap()
-        """First segments not yet generated, by the time they become infeasible (features.shed)."""
-        self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
-        """(request, segments done) of requests with an overrun strategy, by that segment's deadline."""
+        self.overload = OverloadControl(features.shed, self.running, self.times, network_latency, self.counters,
+                                        tell=self._infeasible_now, overran=self._overrun)
         self.amin = AminAdmission(engine.blocks_for, engine.blocks_to_start) if features.amin else None
         self._evicted: set[str] = set()
         """Generations Amin suspended whose resume prefill is still to count as recomputed."""
@@ -178,7 +174,7 @@ class Server:
             )
             self.requests[request.id] = request
             self.queue.push(request)
-            self._watch(request, self.clock.now())
+            self.overload.submitted(request, self.clock.now())
         self.clock.wake()
         return request
 
@@ -292,7 +288,7 @@ class Server:
         generations are suspended first when the next step's KV would not fit (core/admission.py).
         """
         now = self.clock.now()
-        self._control_overload(now)
+        self.overload.check(now)
         reserved = self._evict_on_overflow() if self.amin is not None else 0
         started: list[tuple[Request, int]] = []
         if self.times:
@@ -313,8 +309,8 @@ class Server:
             if self.amin is not None:
                 needed = self.amin.reserve(request) if parked else self.amin.needed(request)
                 free = self.engine.free_kv_blocks() - reserved
-            if not self.batch.admits(list(self.running.values()), now, free, needed, request) or (
-                    self.features.shed and self._breaks_a_cutoff(request, now)):
+            if (not self.batch.admits(list(self.running.values()), now, free, needed, request)
+                    or self.overload.breaks_a_cutoff(request, now)):
                 if parked or not self.parked:
                     break
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
@@ -344,99 +340,7 @@ class Server:
             else:
                 request.seg_predicted = request.robot.segment_generation_time
 
-    # ----- overload control (core/overload.py) -----
-
-    def _watch(self, request: Request, now: float) -> None:
-        """A new request: shed it now if it is already infeasible, else note when it will be."""
-        if self.features.shed:
-            self._infeasible.push(self._infeasible_time(request), request)
-        if request.overrun != OVERRUN_NONE:
-            self._watch_segment(request)
-        self._control_overload(now)
-
-    def _infeasible_time(self, request: Request) -> float:
-        request.fastest_first_segment = self._fastest_first_segment(request)
-        return infeasible_at(request.arrival, request.tuf.cutoff, request.fastest_first_segment, self.network_latency)
-
-    def _fastest_first_segment(self, request: Request) -> float:
-        """The fastest generation of its first segment we can predict: with TimeBill's estimator, its prompt's
-        prefill and its expected length at a batch of one (the step time of the batch it would join sheds
-        requests that could still make it); without, the robot's profiled G (PUD's)."""
-        if not self.times:
-            return request.robot.segment_generation_time
-        tokens = self.times.expected_tokens(request) * self.times.token_time(1, request.context_tokens)
-        return self.times.prefill_time(request, self.times.uncached_tokens(request)) + tokens
-
-    def _watch_segment(self, request: Request) -> None:
-        self._overruns.push(self._segment_deadline(request), (request, self._segments_done(request)))
-
-    def _segment_deadline(self, request: Request) -> float:
-        tuf = request.tuf
-        first = not request.segments and not request.skipped_segments
-        return segment_deadline(first, request.arrival, request.prev_end_est, tuf.cutoff,
-                                tuf.alpha, tuf.beta, self.network_latency)
-
-    @staticmethod
-    def _segments_done(request: Request) -> int:
-        return len(request.segments) + request.skipped_segments
-
-    def _control_overload(self, now: float) -> None:
-        """Tell robots whose deadline can no longer be met, and apply overrun strategies that fell due."""
-        for request in self._infeasible.pop_due(now):
-            if request.status in (Status.WAITING, Status.SUSPENDED) and not request.segments:  # (Amin evicts)
-                self._infeasible_now(request, now)
-            elif request.status is Status.RUNNING and not request.segments:
-                self._infeasible.push(now, request)  # being served: shed only if it returns to the queue unserved
-        if self.features.shed:
-            self._shed_running(now)
-        for request, done in self._overruns.pop_due(now):
-            if request.status.ended or request.finished_generating or self._segments_done(request) != done:
-                continue  # gone, or that segment came out (its successor is watched)
-            deadline = self._segment_deadline(request)
-            if deadline >= now:  # moved later (the robot reported the previous segment's real end)
-                self._overruns.push(deadline, (request, done))
-            else:
-                self._overrun(request, done)
-
-    def _shed_running(self, now: float) -> None:
-        """First segments being generated that, at the batch they are in, can no longer end by their cut-off."""
-        batch = len(self.running)
-        for request in list(self.running.values()):
-            if self._in_first_segment(request):
-                left = self._first_segment_left(request, now, batch)
-                if now + left > self._cutoff_dispatch(request):
-                    self.counters["shed_running"] += 1
-                    self._infeasible_now(request, now, left)
-
-    def _breaks_a_cutoff(self, newcomer: Request, now: float) -> bool:
-        """Would one more generation in the batch make a running first segment, more urgent than ``newcomer``
-        and able to end by its cut-off in the batch as it is, miss it?"""
-        batch = len(self.running)
-        own = self._segment_deadline(newcomer)
-        for request in self.running.values():
-            if not self._in_first_segment(request):
-                continue
-            cutoff = self._cutoff_dispatch(request)
-            if cutoff < own and (now + self._first_segment_left(request, now, batch + 1) > cutoff
-                                 >= now + self._first_segment_left(request, now, batch)):
-                return True
-        return False
-
-    @staticmethod
-    def _in_first_segment(request: Request) -> bool:
-        """Generating its first segment, and not yet told that it is infeasible."""
-        return not request.segments and not request.skipped_segments and request.infeasible_at is None
-
-    def _cutoff_dispatch(self, request: Request) -> float:
-        return request.arrival + request.tuf.cutoff - self.network_latency
-
-    def _first_segment_left(self, request: Request, now: float, batch: int) -> float:
-        """Predicted time to the end of a running first segment in a batch of ``batch``: TimeBill's expected
-        tokens still to come at that batch's token time; without it, the robot's profiled G from its start."""
-        if self.times:
-            return self.times.expected_tokens(request) * self.times.token_time(batch, request.context_tokens)
-        started = now if request.seg_gen_start is None else request.seg_gen_start
-        return max(started + request.robot.segment_generation_time - now, 0.0)
+    # ----- overload control: what is decided in core/overload.py, carried out -----
 
     def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
         """Tell (shed, or notify a robot that keeps waiting); ``left``: the predicted rest of a first segment
@@ -453,6 +357,7 @@ class Server:
         self._finish(request, Status.ABORTED, INFEASIBLE_REASON)
 
     def _overrun(self, request: Request, index: int) -> None:
+        """Segment ``index`` overran its deadline: kill the plan, or skip that segment when it comes out."""
         if request.overrun == OVERRUN_KILL:
             self.counters["overruns_killed"] += 1
             request.killed_at = self.clock.now()
@@ -664,7 +569,7 @@ class Server:
             request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
         self.on_segment(request, segment)
         if request.overrun != OVERRUN_NONE and not final:
-            self._watch_segment(request)
+            self.overload.watch_segment(request)
 
     def _skip(self, request: Request, now: float, final: bool) -> None:
         """Skip-next: the overrun segment is dropped; the next one's deadline counts from now."""
@@ -678,14 +583,14 @@ class Server:
         if final:  # the robot still has to learn that the plan ended
             self._dispatch(request, "", now, final=True)
         else:
-            self._watch_segment(request)
+            self.overload.watch_segment(request)
 
     def _set_prev_end(self, request: Request, exec_end: float) -> None:
         request.prev_end_est = exec_end
         if request.status.queued:  # its priority depends on this
             self.queue.update(request)
         if request.overrun != OVERRUN_NONE and not request.finished_generating:
-            self._watch_segment(request)  # its next segment's deadline moved
+            self.overload.watch_segment(request)  # its next segment's deadline moved
 
     def _finish_if_done(self, request: Request) -> None:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):

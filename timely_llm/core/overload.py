@@ -25,7 +25,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
+
+from timely_llm.core.estimator import SegmentTimes
+from timely_llm.core.request import Request, Status
 
 OVERRUN_NONE = "none"
 OVERRUN_KILL = "kill"
@@ -70,3 +75,123 @@ def segment_deadline(first: bool, arrival: float, prev_end: float, cutoff: float
     if first:
         return arrival + cutoff - network_latency
     return math.inf if alpha == 0 else prev_end - beta / alpha - network_latency
+
+
+class OverloadControl:
+    """Decides, for one server, when a request is told that its deadline cannot be met (``shed``) and when
+    a segment overran its deadline (each request's overrun strategy); the server carries both out through
+    ``tell(request, now, left)`` and ``overran(request, segments_done)``.
+
+    ``running``: the server's running generations (read, never changed here); ``times``: TimeBill's
+    estimator, when on, for the predicted generation times."""
+
+    def __init__(self, shed: bool, running: Mapping[str, Request], times: SegmentTimes | None,
+                 network_latency: float, counters: Counter[str],
+                 tell: Callable[[Request, float, float | None], None],
+                 overran: Callable[[Request, int], None]) -> None:
+        self.shed = shed
+        self.running = running
+        self.times = times
+        self.network_latency = network_latency
+        self.counters = counters
+        self.tell = tell
+        self.overran = overran
+        self._infeasible: DueHeap[Request] = DueHeap()
+        """First segments not yet generated, by the time they become infeasible (``shed``)."""
+        self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
+        """(request, segments done) of requests with an overrun strategy, by that segment's deadline."""
+
+    def submitted(self, request: Request, now: float) -> None:
+        """A new request: told now if it is already infeasible, else noted for when it will be."""
+        if self.shed:
+            request.fastest_first_segment = self._fastest_first_segment(request)
+            self._infeasible.push(infeasible_at(request.arrival, request.tuf.cutoff, request.fastest_first_segment,
+                                                self.network_latency), request)
+        if request.overrun != OVERRUN_NONE:
+            self.watch_segment(request)
+        self.check(now)
+
+    def check(self, now: float) -> None:
+        """At a scheduling point: tell robots whose deadline can no longer be met, and apply overrun
+        strategies that fell due."""
+        for request in self._infeasible.pop_due(now):
+            if request.status in (Status.WAITING, Status.SUSPENDED) and not request.segments:  # (Amin evicts)
+                self.tell(request, now, None)
+            elif request.status is Status.RUNNING and not request.segments:
+                self._infeasible.push(now, request)  # being served: shed only if it returns to the queue unserved
+        if self.shed:
+            self._shed_running(now)
+        for request, done in self._overruns.pop_due(now):
+            if request.status.ended or request.finished_generating or segments_done(request) != done:
+                continue  # gone, or that segment came out (its successor is watched)
+            deadline = self._segment_deadline(request)
+            if deadline >= now:  # moved later (the robot reported the previous segment's real end)
+                self._overruns.push(deadline, (request, done))
+            else:
+                self.overran(request, done)
+
+    def breaks_a_cutoff(self, newcomer: Request, now: float) -> bool:
+        """Would one more generation in the batch make a running first segment, more urgent than ``newcomer``
+        and able to end by its cut-off in the batch as it is, miss it? (Never, with ``shed`` off.)"""
+        if not self.shed:
+            return False
+        batch = len(self.running)
+        own = self._segment_deadline(newcomer)
+        for request in self.running.values():
+            if not in_first_segment(request):
+                continue
+            cutoff = self._cutoff_dispatch(request)
+            if cutoff < own and (now + self.first_segment_left(request, now, batch + 1) > cutoff
+                                 >= now + self.first_segment_left(request, now, batch)):
+                return True
+        return False
+
+    def watch_segment(self, request: Request) -> None:
+        """Watch the request's next segment for an overrun (when its deadline is, or moves)."""
+        self._overruns.push(self._segment_deadline(request), (request, segments_done(request)))
+
+    def first_segment_left(self, request: Request, now: float, batch: int) -> float:
+        """Predicted time to the end of a running first segment in a batch of ``batch``: TimeBill's expected
+        tokens still to come at that batch's token time; without it, the robot's profiled G from its start."""
+        if self.times:
+            return self.times.expected_tokens(request) * self.times.token_time(batch, request.context_tokens)
+        started = now if request.seg_gen_start is None else request.seg_gen_start
+        return max(started + request.robot.segment_generation_time - now, 0.0)
+
+    def _shed_running(self, now: float) -> None:
+        """First segments being generated that, at the batch they are in, can no longer end by their cut-off."""
+        batch = len(self.running)
+        for request in list(self.running.values()):
+            if in_first_segment(request):
+                left = self.first_segment_left(request, now, batch)
+                if now + left > self._cutoff_dispatch(request):
+                    self.counters["shed_running"] += 1
+                    self.tell(request, now, left)
+
+    def _fastest_first_segment(self, request: Request) -> float:
+        """The fastest generation of its first segment we can predict: with TimeBill's estimator, its prompt's
+        prefill and its expected length at a batch of one (the step time of the batch it would join sheds
+        requests that could still make it); without, the robot's profiled G (PUD's)."""
+        if not self.times:
+            return request.robot.segment_generation_time
+        tokens = self.times.expected_tokens(request) * self.times.token_time(1, request.context_tokens)
+        return self.times.prefill_time(request, self.times.uncached_tokens(request)) + tokens
+
+    def _segment_deadline(self, request: Request) -> float:
+        tuf = request.tuf
+        first = not request.segments and not request.skipped_segments
+        return segment_deadline(first, request.arrival, request.prev_end_est, tuf.cutoff,
+                                tuf.alpha, tuf.beta, self.network_latency)
+
+    def _cutoff_dispatch(self, request: Request) -> float:
+        return request.arrival + request.tuf.cutoff - self.network_latency
+
+
+def segments_done(request: Request) -> int:
+    """Segments of the plan sent or skipped so far."""
+    return len(request.segments) + request.skipped_segments
+
+
+def in_first_segment(request: Request) -> bool:
+    """Generating its first segment, and not yet told that it is infeasible."""
+    return not request.segments and not request.skipped_segments and request.infeasible_at is None
