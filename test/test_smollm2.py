@@ -9,6 +9,7 @@ the grammar where it stopped.
 from __future__ import annotations
 
 import pytest
+from guards import bounded
 
 from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.skills import load_skill_models
@@ -40,7 +41,7 @@ def engine():
 def run_to_end(engine, spec: GenerationSpec) -> tuple[list[int], str]:
     """All output ids (``spec.output_ids`` included) and why generation ended."""
     engine.start(spec)
-    while True:
+    for _ in bounded():
         out = engine.step()
         assert spec.gen_id not in out.failed, out.failed
         if spec.gen_id in out.finished:
