@@ -46,9 +46,9 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
         yield context, executor
     finally:
         stop.set()
+        spinner.join()  # before the shutdown: see node.spin
         executor.shutdown()
         rclpy.try_shutdown(context=context)
-        spinner.join()
 
 
 @contextmanager

@@ -41,6 +41,7 @@ import rclpy.executors
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.exceptions import InvalidHandle
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
@@ -562,12 +563,20 @@ def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
     Seen under load with rclpy Jazzy's MultiThreadedExecutor: a wait that began while a
     timer's callback group was busy was not woken when the group became free, and the
     node's timers stopped until some message happened to arrive.
+
+    A task that met an entity destroyed since the executor's wait (``InvalidHandle``, re-raised
+    here by ``spin_once``) concerned a node already gone: the spinning goes on for the others.
+    Join the thread running this before ``executor.shutdown()``: Jazzy's shutdown destroys the
+    executor's guard condition without waiting for callbacks in flight, and every task a
+    ``spin_once`` still makes triggers it.
     """
     while not stop.is_set() and executor.context.ok():
         try:
             executor.spin_once(timeout_sec=SPIN_WAKE_S)
         except rclpy.executors.ExternalShutdownException:
             return
+        except InvalidHandle:
+            continue
 
 
 def main(args: list[str] | None = None) -> int:
@@ -596,8 +605,8 @@ def main(args: list[str] | None = None) -> int:
         pass
     node.shutdown()
     spun.set()
+    spinner.join()  # before the shutdown: see spin
     executor.shutdown()
-    spinner.join()
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
