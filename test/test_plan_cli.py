@@ -36,8 +36,12 @@ def test_plan_prints_segments_then_one_json_line() -> None:
     assert "INFO" not in proc.stdout and "INFO" in proc.stderr  # vLLM's logs stay off stdout
 
 
-def test_plan_refuses_an_unknown_robot_before_loading_a_model() -> None:
-    proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "plan", "--robot", "boat", "--task", "sail"],
+@pytest.mark.parametrize(("robot", "task", "reason"), [
+    ("boat", "sail", f"plan: --robot: unknown robot 'boat' (known: {', '.join(sorted(load_skill_models()))})"),
+    ("tello", "  ", "plan: --task: empty task"),
+])
+def test_plan_refuses_a_bad_robot_or_task_before_loading_a_model(robot: str, task: str, reason: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "plan", "--robot", robot, "--task", task],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "unknown robot 'boat'" in proc.stderr
+    assert proc.stderr.strip() == f"timely-llm: error: {reason}"

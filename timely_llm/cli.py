@@ -859,9 +859,9 @@ def _plan(args: argparse.Namespace) -> int:
 
     skills = load_skill_models(args.skill_models)
     if args.robot not in skills:
-        raise ConfigError("--robot", "robot", f"unknown robot {args.robot!r} (known: {', '.join(sorted(skills))})")
+        raise ConfigError("plan", "--robot", f"unknown robot {args.robot!r} (known: {', '.join(sorted(skills))})")
     if not args.task.strip():
-        raise ConfigError("--task", "task", "empty task")
+        raise ConfigError("plan", "--task", "empty task")
     _quiet_vllm_logging()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     with _stdout_to_stderr():  # anything else vLLM and its libraries print
