@@ -25,7 +25,7 @@ from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
 from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
-from timely_llm.ros.node import EXECUTOR_THREADS, TimelyLlmNode, spin
+from timely_llm.ros.node import TimelyLlmNode, spinning
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
@@ -38,16 +38,10 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
     """An rclpy context on ``domain_id`` with a multi-threaded executor spinning in a thread."""
     context = Context()
     rclpy.init(context=context, domain_id=domain_id)
-    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
-    stop = threading.Event()
-    spinner = threading.Thread(target=spin, args=(executor, stop), daemon=True)
-    spinner.start()
     try:
-        yield context, executor
+        with spinning(context) as executor:
+            yield context, executor
     finally:
-        stop.set()
-        spinner.join()  # before the shutdown: see node.spin
-        executor.shutdown()
         rclpy.try_shutdown(context=context)
 
 

@@ -33,7 +33,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import rclpy
@@ -41,6 +42,7 @@ import rclpy.executors
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.context import Context
 from rclpy.exceptions import InvalidHandle
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
@@ -566,9 +568,9 @@ def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
 
     A task that met an entity destroyed since the executor's wait (``InvalidHandle``, re-raised
     here by ``spin_once``) concerned a node already gone: the spinning goes on for the others.
-    Join the thread running this before ``executor.shutdown()``: Jazzy's shutdown destroys the
-    executor's guard condition without waiting for callbacks in flight, and every task a
-    ``spin_once`` still makes triggers it.
+    Join the thread running this before ``executor.shutdown()`` (:func:`spinning` does): Jazzy's
+    shutdown destroys the executor's guard condition without waiting for callbacks in flight,
+    and every task a ``spin_once`` still makes triggers it.
     """
     while not stop.is_set() and executor.context.ok():
         try:
@@ -577,6 +579,21 @@ def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
             return
         except InvalidHandle:
             continue
+
+
+@contextmanager
+def spinning(context: Context | None = None) -> Iterator[rclpy.executors.MultiThreadedExecutor]:
+    """The node's executor spinning in a thread of its own; stopped, then shut down, when the block ends."""
+    executor = rclpy.executors.MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
+    stop = threading.Event()
+    spinner = threading.Thread(target=spin, args=(executor, stop), name="executor", daemon=True)
+    spinner.start()
+    try:
+        yield executor
+    finally:
+        stop.set()
+        spinner.join()  # before the shutdown: see spin
+        executor.shutdown()
 
 
 def main(args: list[str] | None = None) -> int:
@@ -596,17 +613,11 @@ def main(args: list[str] | None = None) -> int:
         rclpy.logging.get_logger("timely_llm_server").fatal(str(exc))
         rclpy.try_shutdown()
         return 1
-    executor = rclpy.executors.MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
-    executor.add_node(node)
-    spun = threading.Event()
-    spinner = threading.Thread(target=spin, args=(executor, spun), name="executor", daemon=True)
-    spinner.start()
-    while not stop.wait(0.2) and not node.finalized.is_set():
-        pass
-    node.shutdown()
-    spun.set()
-    spinner.join()  # before the shutdown: see spin
-    executor.shutdown()
+    with spinning() as executor:
+        executor.add_node(node)
+        while not stop.wait(0.2) and not node.finalized.is_set():
+            pass
+        node.shutdown()
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
