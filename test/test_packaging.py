@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ import pytest
 from lifecycle_msgs.srv import GetState
 from rclpy.node import Node
 from rclpy.parameter_client import AsyncParameterClient
+from rclpy.task import Future
 
 from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
@@ -42,6 +44,8 @@ START_TIMEOUT_S = 120.0
 """Node start (sim engine) or one goal served, on a loaded 2-core machine; the vLLM engine is not started here."""
 STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 1500.0
+ASK_AGAIN_S = 10.0
+"""An idempotent query unanswered this long is asked again (see ``_ask``)."""
 TRACE_ID = 1  # a tello trace
 READY_LINE = "active: accepting goals"
 """What the node logs once it serves goals."""
@@ -107,12 +111,31 @@ def _default_sigint() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+def _ask(server: Running, send: Callable[[], Future], what: str) -> object:
+    """The answer to an idempotent service query, asked again every ``ASK_AGAIN_S`` until one comes.
+
+    rmw_fastrtps drops a service response when the server's response writer has not yet matched the client's
+    reader within its 100 ms max_blocking_time ("failed to send response (timeout)"): right after the server
+    starts, on a loaded machine, the first query can go unanswered although the client saw the service ready.
+    """
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        future = send()
+        server.wait_for(functools.partial(_done_or_past, future, time.monotonic() + ASK_AGAIN_S), what)
+        if future.done():
+            return future.result()
+        assert time.monotonic() < deadline, f"no {what} in {START_TIMEOUT_S} s:\n{server.output()}"
+
+
+def _done_or_past(future: Future, moment: float) -> bool:
+    return future.done() or time.monotonic() > moment
+
+
 def _parameters(node: Node, server: Running, names: list[str]) -> dict[str, object]:
     client = AsyncParameterClient(node, SERVER)
     server.wait_for(client.services_are_ready, "parameter services")
-    future = client.get_parameters(names)
-    server.wait_for(future.done, "get_parameters answer")
-    return {name: _value(v) for name, v in zip(names, future.result().values, strict=True)}
+    answer = _ask(server, lambda: client.get_parameters(names), "get_parameters answer")
+    return {name: _value(v) for name, v in zip(names, answer.values, strict=True)}
 
 
 def _value(v: object) -> object:
@@ -301,7 +324,6 @@ def test_launch_file_without_autostart_leaves_the_node_unconfigured(workspace: W
     get_state = link.node.create_client(GetState, f"/{SERVER}/get_state")
     with _launch(workspace, ros_domain, "autostart:=false") as server:
         server.wait_for(get_state.service_is_ready, "lifecycle services")
-        state = get_state.call_async(GetState.Request())
-        server.wait_for(state.done, "get_state answer")
-        assert state.result().current_state.label == "unconfigured"
+        state = _ask(server, lambda: get_state.call_async(GetState.Request()), "get_state answer")
+        assert state.current_state.label == "unconfigured"
         assert READY_LINE not in server.output()
