@@ -84,6 +84,9 @@ BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
     (["sweep", "--out", "/nonexistent_dir/s.json"], ["/nonexistent_dir"]),
     (["sweep", "--features", "none", "fast", "--out", "{tmp}/s.json"], ["--features", "fast"]),
     (["launch"], ["launch"]),
+    ([*BENCH, "--out", "{tmp}/r.json", "--duration", "20"],
+     ["timely-llm bench: error: unrecognized arguments: --duration 20", "(see timely-llm bench --help)"]),
+    (["table", "{tmp}/result.json", "--wide"], ["timely-llm table: error: unrecognized arguments: --wide"]),
 ])
 def test_bad_arguments_fail_fast_on_one_line(argv: list[str], needles: list[str], tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str], no_runs: None) -> None:

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
     _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
+    for command_parser in sub.choices.values():
+        command_parser.set_defaults(command_parser=command_parser)
     return parser
 
 
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in cli_argv if not a.startswith("-")), None)
     if "--ros-args" in argv and command != "serve":  # before the command's own arguments are checked
         parser.error(f"{command} takes no ROS arguments (--ros-args): only serve does")
-    args = parser.parse_args(cli_argv)
+    args, unknown = parser.parse_known_args(cli_argv)
+    if unknown:  # the command's parser says it, so the hint points at that command's --help
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if command == "serve":
         args.ros_argv = argv
     try:
