@@ -62,7 +62,8 @@ BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
     ([*BENCH, "--max-batch", "0", "--out", "{tmp}/r.json"], ["--max-batch"]),
     ([*BENCH, "--max-batch", "many", "--out", "{tmp}/r.json"], ["--max-batch", "not an integer"]),
     (["bench", "--workload", "WID1", "--policy", "best", "--out", "{tmp}/r.json"], ["--policy", "best"]),
-    ([*BENCH, "--hw", "no-such-gpu", "--out", "{tmp}/r.json"], ["no-such-gpu"]),
+    ([*BENCH, "--hw", "no-such-gpu", "--out", "{tmp}/r.json"],
+     ["timely-llm bench: error: no-such-gpu: neither a shipped hardware profile"]),
     (["bench", "--workload", "WID9", "--policy", "vllm", "--out", "{tmp}/r.json"], ["WID9"]),
     ([*BENCH, "--skill-models", "/no/robot.yaml", "--out", "{tmp}/r.json"], ["/no/robot.yaml"]),
     ([*BENCH], ["--out"]),
@@ -103,8 +104,9 @@ def test_table_and_plot_refuse_files_that_are_not_results(content: str, tmp_path
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "notes.json"
     path.write_text(content)
-    assert_one_line_error(*run(["table", str(path)], capsys), str(path))
-    assert_one_line_error(*run(["plot", str(path), "--out", str(tmp_path / "plots")], capsys), str(path))
+    assert_one_line_error(*run(["table", str(path)], capsys), f"timely-llm table: error: {path}: ")
+    assert_one_line_error(*run(["plot", str(path), "--out", str(tmp_path / "plots")], capsys),
+                          f"timely-llm plot: error: {path}: ")
     assert not (tmp_path / "plots").exists()
 
 

@@ -37,11 +37,11 @@ def test_plan_prints_segments_then_one_json_line() -> None:
 
 
 @pytest.mark.parametrize(("robot", "task", "reason"), [
-    ("boat", "sail", f"plan: --robot: unknown robot 'boat' (known: {', '.join(sorted(load_skill_models()))})"),
-    ("tello", "  ", "plan: --task: empty task"),
+    ("boat", "sail", f"--robot: unknown robot 'boat' (known: {', '.join(sorted(load_skill_models()))})"),
+    ("tello", "  ", "--task: empty task"),
 ])
 def test_plan_refuses_a_bad_robot_or_task_before_loading_a_model(robot: str, task: str, reason: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "plan", "--robot", robot, "--task", task],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"timely-llm: error: {reason}"
+    assert proc.stderr.strip() == f"timely-llm plan: error: {reason}"

@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         args.ros_argv = argv
     try:
         return args.run(args)
-    except ConfigError as exc:
-        print(f"timely-llm: error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # found once the command runs: named like the command's parser errors
+        print(f"{args.command_parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 
 
@@ -190,17 +190,17 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
         option = "--policy isolated" if args.policy == "isolated" else "--hw"
-        raise ConfigError("bench", option, "needs the simulator engine (--engine sim)")
+        raise ConfigError(option, None, "needs the simulator engine (--engine sim)")
     if args.engine == "sim" and args.model is not None:
-        raise ConfigError("bench", "--model", "applies to --engine vllm only")
+        raise ConfigError("--model", None, "applies to --engine vllm only")
     profile = load_profile(args.hw or DEFAULT_HW)
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
     step_model = estimator_profile(args.estimator_profile, args.engine, model, args.hw or DEFAULT_HW)
     if (features.timebill or features.deferred_prefill) and step_model is None:
-        raise ConfigError("bench", "--estimator-profile", f"features timebill and deferred_prefill need the "
-                                                          f"step-time profile of {model} "
-                                                          f"(write one: timely-llm profile --model {model} --out F)")
+        raise ConfigError("--estimator-profile", None, f"features timebill and deferred_prefill need the "
+                                                       f"step-time profile of {model} "
+                                                       f"(write one: timely-llm profile --model {model} --out F)")
     skills, catalog, workload = _load_inputs(args)
     if args.overrun_strategy is not None:
         workload = workload.with_overrun(args.overrun_strategy)
@@ -263,7 +263,7 @@ def _plot(args: argparse.Namespace) -> int:
     results = _read_results(args.results)
     for path, result in zip(args.results, results, strict=True):
         if is_ablation(result):
-            raise ConfigError(path, "<root>", "an ablation result has no plot: timely-llm table shows it")
+            raise ConfigError(path, None, "an ablation result has no plot: timely-llm table shows it")
     sweeps = [r for r in results if is_sweep(r)]
     written = [f for sweep in sweeps for f in plot_sweep(sweep, Path(args.out))]
     benches = [r for r in results if not is_sweep(r)]
@@ -357,9 +357,9 @@ def _sweep(args: argparse.Namespace) -> int:
             raise ConfigError("--caps", cap, "must be a positive integer or 'none'")
         caps.append(None if cap == "none" else int(cap))
     if any(a < 1 for a in args.agents) or args.duration <= 0 or args.jobs < 1:
-        raise ConfigError("sweep", "--agents/--duration/--jobs", "must be positive")
+        raise ConfigError("--agents/--duration/--jobs", None, "must be positive")
     if args.kv_gib is not None and args.kv_gib <= 0:
-        raise ConfigError("--kv-gib", "kv_gib", "must be > 0")
+        raise ConfigError("--kv-gib", None, "must be > 0")
     for hw in args.hw:
         load_profile(hw)  # a bad name fails here, before any run
     grid = Grid(tuple(args.hw), tuple(args.policies), tuple(args.agents), tuple(caps), args.duration,
@@ -385,7 +385,7 @@ def _profile(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import load_profile, save_profile
 
     if args.max_model_len < MIN_PROFILE_MODEL_LEN:
-        raise ConfigError("profile", "--max-model-len", f"must be at least {MIN_PROFILE_MODEL_LEN}")
+        raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
     memory = load_profile(args.memory_from).memory
     _quiet_vllm_logging()
     from timely_llm.engines.vllm_engine import VllmEngine
@@ -416,9 +416,9 @@ def _read_results(paths: list[str]) -> list[dict]:
         try:
             result = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(path, "<file>", f"cannot read result JSON: {exc}") from exc
+            raise ConfigError(path, None, f"cannot read result JSON: {exc}") from exc
         if not is_sweep(result) and not is_ablation(result) and not _is_bench_result(result):
-            raise ConfigError(path, "<root>", "not a timely-llm bench, sweep or ablation result "
+            raise ConfigError(path, None, "not a timely-llm bench, sweep or ablation result "
                                               "(needs policy, workload, requests and summary)")
         results.append(result)
     return results
@@ -491,7 +491,7 @@ def _estimate_error(args: argparse.Namespace) -> int:
         print(ErrorSummary.HEADER)
         for path, result in zip(args.results, _read_results(args.results), strict=True):
             if "requests" not in result:
-                raise ConfigError(path, "<root>", "a sweep holds no segment records: give bench results")
+                raise ConfigError(path, None, "a sweep holds no segment records: give bench results")
             label = f"{result['policy']} [{result.get('features', 'none')}] {result['hw']}"
             print(summarize_errors(label, segment_errors(result)).row())
         return 0
@@ -526,7 +526,7 @@ def _ros_args_error(exc: Exception) -> ConfigError:
     reason = str(exc).split(", at ")[0]  # rcl appends its source locations
     if isinstance(exc, rcl.UnknownROSArgsError):
         reason = f"unknown ROS arguments {reason}"
-    return ConfigError("serve", "ROS arguments", reason)
+    return ConfigError("--ros-args", None, reason)
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:
@@ -863,9 +863,9 @@ def _plan(args: argparse.Namespace) -> int:
 
     skills = load_skill_models(args.skill_models)
     if args.robot not in skills:
-        raise ConfigError("plan", "--robot", f"unknown robot {args.robot!r} (known: {', '.join(sorted(skills))})")
+        raise ConfigError("--robot", None, f"unknown robot {args.robot!r} (known: {', '.join(sorted(skills))})")
     if not args.task.strip():
-        raise ConfigError("plan", "--task", "empty task")
+        raise ConfigError("--task", None, "empty task")
     _quiet_vllm_logging()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     with _stdout_to_stderr():  # anything else vLLM and its libraries print

@@ -11,8 +11,9 @@ import yaml
 class ConfigError(ValueError):
     """A configuration, workload, trace or skill-model file is malformed."""
 
-    def __init__(self, source: str, field: str, message: str) -> None:
-        super().__init__(f"{source}: {field}: {message}")
+    def __init__(self, source: str, field: str | None, message: str) -> None:
+        """``source: field: message``; ``source: message`` without a field (a whole file, a command-line option)."""
+        super().__init__(f"{source}: {message}" if field is None else f"{source}: {field}: {message}")
         self.source = source
         self.field = field
 
@@ -28,7 +29,7 @@ def read_mapping(path: str | Path) -> dict:
         text = Path(path).read_text()
         data = json.loads(text) if Path(path).suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(source, "<file>", f"cannot read: {exc}") from exc
+        raise ConfigError(source, None, f"cannot read: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(source, "<root>", "expected a mapping")
+        raise ConfigError(source, None, "expected a mapping")
     return data

@@ -85,7 +85,7 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     source = str(path)
     if not path.is_file():
         shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-        raise ConfigError(source, "<file>", f"no such hardware profile (shipped: {', '.join(shipped)})")
+        raise ConfigError(name_or_path, None, f"neither a shipped hardware profile ({', '.join(shipped)}) nor a file")
     data = read_mapping(path)
     step = _numbers(data, "step", STEP_TERMS, source, OPTIONAL_STEP_TERMS)
     memory = _numbers(data, "memory", MEMORY_TERMS, source)
