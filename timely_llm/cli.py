@@ -419,7 +419,7 @@ def _read_results(paths: list[str]) -> list[dict]:
             raise ConfigError(path, None, f"cannot read result JSON: {exc}") from exc
         if not is_sweep(result) and not is_ablation(result) and not _is_bench_result(result):
             raise ConfigError(path, None, "not a timely-llm bench, sweep or ablation result "
-                                              "(needs policy, workload, requests and summary)")
+                                          "(needs policy, workload, requests and summary)")
         results.append(result)
     return results
 

@@ -9,7 +9,7 @@ import yaml
 
 
 class ConfigError(ValueError):
-    """A configuration, workload, trace or skill-model file is malformed."""
+    """A configuration, workload, trace or skill-model file is malformed, or a command-line option is bad."""
 
     def __init__(self, source: str, field: str | None, message: str) -> None:
         """``source: field: message``; ``source: message`` without a field (a whole file, a command-line option)."""
