@@ -36,15 +36,23 @@ def ros_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[rclpy.context.Conte
 AGREED_FIELDS = {
     interfaces_action.RequestPlan.Goal: {
         "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": "double", "tuf_alpha": "double",
-        "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32"},
+        "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32", "no_execution_reports": "boolean"},
     interfaces_action.RequestPlan.Result: {
         "status": "string", "reason": "string", "plan": "string", "response_time": "double",
         "waiting_time": "double", "utility": "double", "num_segments": "uint32"},
     interfaces_action.RequestPlan.Feedback: {"segment": "timely_llm/Segment"},
     interfaces_msg.Segment: {
         "request_id": "string", "agent_id": "string", "index": "uint32", "text": "string",
-        "skills": "sequence<timely_llm/SkillCall>", "estimated_exec_time": "double", "gen_start": "double",
-        "gen_end": "double", "dispatch_time": "double", "final": "boolean"},
+        "skills": "sequence<timely_llm/SkillCall>", "estimated_exec_time": "double",
+        "gen_start": "builtin_interfaces/Time", "gen_end": "builtin_interfaces/Time",
+        "dispatch_time": "builtin_interfaces/Time", "final": "boolean"},
+    interfaces_msg.TaskRequest: {
+        "request_id": "string", "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": "double",
+        "tuf_alpha": "double", "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32",
+        "keep_if_infeasible": "boolean", "overrun_strategy": "string", "no_execution_reports": "boolean"},
+    interfaces_msg.PlanResult: {
+        "request_id": "string", "agent_id": "string", "status": "string", "reason": "string", "plan": "string",
+        "response_time": "double", "waiting_time": "double", "utility": "double", "num_segments": "uint32"},
     interfaces_msg.SkillCall: {"name": "string", "args": "sequence<string>"},
     interfaces_msg.SegmentDone: {
         "agent_id": "string", "request_id": "string", "index": "uint32", "duration": "double",

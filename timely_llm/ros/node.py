@@ -39,10 +39,12 @@ from dataclasses import dataclass
 
 import rclpy
 import rclpy.executors
+from builtin_interfaces.msg import Time as TimeMsg
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.context import Context
+from rclpy.duration import Duration
 from rclpy.exceptions import InvalidHandle
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
@@ -367,7 +369,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def _on_segment(self, request: Request, segment: Segment) -> None:
         try:
-            message = segment_message(request, segment)
+            message = segment_message(request, segment, self._ros_time)
             with self._lock:
                 self._reports.dispatched(request.id, segment.index, segment.est_exec_time, self.clock.now())
         except Exception as exc:  # noqa: BLE001 - this request only, and not in the middle of the step
@@ -392,6 +394,11 @@ class TimelyLlmNode(LifecycleNode):
             self._totals[request.category].add(utility)
             self._finished += 1
         self._post(request.id, result)
+
+    def _ros_time(self, t: float) -> TimeMsg:
+        """The node's ROS time (``use_sim_time`` included) at server-clock time ``t``."""
+        ago = Duration(nanoseconds=round((self.clock.now() - t) * 1e9))
+        return (self.get_clock().now() - ago).to_msg()
 
     def _post(self, request_id: str, item: object) -> None:
         self._outbox.append((request_id, item))
@@ -531,13 +538,13 @@ def _abort(request_id: str, reason: str, server: Server) -> None:
     server.abort(request_id, reason)
 
 
-def segment_message(request: Request, segment: Segment) -> SegmentMsg:
-    """The feedback message for a dispatched segment (times on the server's clock)."""
+def segment_message(request: Request, segment: Segment, stamp: Callable[[float], TimeMsg]) -> SegmentMsg:
+    """The feedback message for a dispatched segment; ``stamp`` turns a server-clock time into ROS time."""
     return SegmentMsg(
         request_id=request.id, agent_id=request.agent, index=segment.index, text=segment.text,
         skills=[SkillCall(name=c.name, args=list(c.args)) for c in segment.calls],
-        estimated_exec_time=float(segment.est_exec_time), gen_start=float(segment.gen_start),
-        gen_end=float(segment.gen_end), dispatch_time=float(segment.gen_end), final=segment.final)
+        estimated_exec_time=float(segment.est_exec_time), gen_start=stamp(segment.gen_start),
+        gen_end=stamp(segment.gen_end), dispatch_time=stamp(segment.gen_end), final=segment.final)
 
 
 def result_message(outcome: Outcome) -> RequestPlan.Result:
