@@ -86,7 +86,8 @@ def test_plans_outside_the_grammar_are_rejected(robot: str, plan: str) -> None:
 def test_adding_a_skill_to_the_yaml_extends_the_grammar(tmp_path: Path) -> None:
     source = (skill_model_dir() / "tello.yaml").read_text()
     extended = tmp_path / "tello.yaml"
-    extended.write_text(source + "  - {abbr: fl, name: flip, args: [{direction: name}], time: {fixed: 1.0}}\n")
+    extended.write_text(source + "  - {abbr: fl, name: flip, args: [{direction: name}], time: {fixed: 1.0},\n"
+                        "     description: flip towards a direction}\n")
     plan = "?iv('gap')==True{fl('left');}"
     assert not plan_grammar(MODELS["tello"]).accepts(plan)
     grammar = plan_grammar(load_skill_model(extended))

@@ -54,7 +54,7 @@ def ask(robot: RobotClient, trace_id: int, tuf: TUF | None = None, **kwargs: obj
 
 # ----- goal validation (pure) -----
 
-RULES = GoalRules(set(SKILLS), CATALOG, SimTokenizer().encode, 1536,
+RULES = GoalRules(SKILLS, CATALOG, SimTokenizer().encode, 1536,
                   {c: TUF(1.0, -2.0, 1.0) for c in ("normal", "urgent", "arm")}, trace_required=True)
 
 

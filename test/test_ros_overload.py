@@ -30,7 +30,7 @@ RESULT_TIMEOUT_S = 60.0
 CATALOG = load_catalog()
 IMPOSSIBLE = TUF(ert=0.0, alpha=-100.0, beta=1.0)
 """Cut-off 10 ms after arrival: less than the network latency plus one segment's generation."""
-RULES = GoalRules(set(load_skill_models()), CATALOG, SimTokenizer().encode, 1536,
+RULES = GoalRules(load_skill_models(), CATALOG, SimTokenizer().encode, 1536,
                   {c: TUF(1.0, -2.0, 1.0) for c in ("normal", "urgent", "arm")}, trace_required=True)
 
 

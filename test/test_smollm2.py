@@ -55,8 +55,8 @@ def run_to_end(engine, spec: GenerationSpec) -> tuple[list[int], str]:
 def test_segmented_plan_equals_straight_plan_and_every_segment_is_executable(engine, robot: str, task: str) -> None:
     model = MODELS[robot]
     grammar = plan_grammar(model)
-    straight = generate_plan(engine, model, CATALOG, task, segmented=False, max_new_tokens=MAX_TOKENS)
-    segmented = generate_plan(engine, model, CATALOG, task, segmented=True, max_new_tokens=MAX_TOKENS)
+    straight = generate_plan(engine, model, task, segmented=False, max_new_tokens=MAX_TOKENS)
+    segmented = generate_plan(engine, model, task, segmented=True, max_new_tokens=MAX_TOKENS)
     assert segmented.output_ids == straight.output_ids
     assert segmented.text == straight.text
     assert segmented.status == "succeeded", segmented.reason
@@ -118,7 +118,7 @@ def test_without_the_grammar_the_model_is_not_held_to_skills(engine) -> None:
     """The constraint is what makes the plans executable: decoding freely, this model
     writes text outside the drone's grammar for the same prompt (it continues the examples)."""
     robot, task = TASKS[0]
-    free = generate_plan(engine, MODELS[robot], CATALOG, task, constrained=False, max_new_tokens=MAX_TOKENS)
-    constrained = generate_plan(engine, MODELS[robot], CATALOG, task, max_new_tokens=MAX_TOKENS)
+    free = generate_plan(engine, MODELS[robot], task, constrained=False, max_new_tokens=MAX_TOKENS)
+    constrained = generate_plan(engine, MODELS[robot], task, max_new_tokens=MAX_TOKENS)
     assert not plan_grammar(MODELS[robot]).accepts(free.text), free.text
     assert plan_grammar(MODELS[robot]).accepts(constrained.text)

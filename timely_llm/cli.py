@@ -843,8 +843,11 @@ def _out_dir(text: str) -> str:
 def _add_plan(p: argparse.ArgumentParser) -> None:
     from timely_llm.planning import DEFAULT_PLAN_TOKENS
 
-    p.add_argument("--robot", required=True, help="robot type (a skill model: tello, arm, chatbot)")
-    p.add_argument("--task", required=True, help="the task, optionally after a scene: 'Scene: [cat], Task: ...'")
+    p.add_argument("--robot", required=True,
+                   help="robot type: a skill model's robot (shipped: arm, chatbot, mobile_base, tello; or one "
+                        "defined in --skill-models)")
+    p.add_argument("--task", help="the task, optionally after a scene: 'Scene: [cat], Task: ...' "
+                                  "(required unless --show-prompt)")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
                    help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_PLAN_TOKENS,
@@ -853,17 +856,24 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
     p.add_argument("--json", action="store_true", help="end with the plan as one line of JSON")
+    p.add_argument("--show-prompt", action="store_true",
+                   help="print the exact prompt the model gets (for --task, or the robot's fixed part alone) "
+                        "and exit without loading a model")
     p.set_defaults(run=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
     from timely_llm.core.skills import load_skill_models
     from timely_llm.planning import generate_plan
-    from timely_llm.workloads.traces import load_catalog
 
     skills = load_skill_models(args.skill_models)
     if args.robot not in skills:
         raise ConfigError("--robot", None, f"unknown robot {args.robot!r} (known: {', '.join(sorted(skills))})")
+    if args.show_prompt:
+        print(skills[args.robot].prompt_text(args.task) if args.task else skills[args.robot].system_prompt, end="")
+        return 0
+    if args.task is None:
+        raise ConfigError("--task", None, "required (unless --show-prompt)")
     if not args.task.strip():
         raise ConfigError("--task", None, "empty task")
     _quiet_vllm_logging()
@@ -873,7 +883,7 @@ def _plan(args: argparse.Namespace) -> int:
 
         engine = VllmEngine(args.model, max_model_len=2048, kv_cache_gib=0.25)
         try:
-            plan = generate_plan(engine, skills[args.robot], load_catalog(), args.task,
+            plan = generate_plan(engine, skills[args.robot], args.task,
                                  constrained=not args.no_grammar, max_new_tokens=args.max_new_tokens,
                                  on_segment=lambda s: s.text and print(f"segment {s.index}: {s.text}", file=out))
         finally:

@@ -1,7 +1,7 @@
 """One plan for one task, generated through the server loop (the ``plan`` command, tests, benchmarks).
 
-The robot's prompt is its fixed part from the LRTrace catalog (skills, guidance, few-shot
-examples) followed by the task, which may start with a scene (``Scene: [...], Task: ...``).
+The robot's prompt is its fixed part, built from its skill-model file (skills, guidance, worked
+examples), followed by the task, which may start with a scene (``Scene: [...], Task: ...``).
 Generation runs in the robot's plan grammar unless asked not to; segmented, each segment
 suspends the generation and the next resumes it from the token ids, as under the
 ``timelyllm`` policy; unsegmented, it runs straight through (policy ``vllm``).
@@ -50,11 +50,11 @@ class GeneratedPlan:
 
 
 def task_prompt(catalog: TraceCatalog, robot: str, task: str) -> str:
-    """The text a robot's request for ``task`` is generated from."""
+    """The text a request of a catalog robot for ``task`` is generated from (its skill model's prompt)."""
     return catalog.prompt_text(robot, task)
 
 
-def generate_plan(engine: Engine, robot: SkillModel, catalog: TraceCatalog, task: str, *,
+def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
                   segmented: bool = True, constrained: bool = True, max_new_tokens: int = DEFAULT_PLAN_TOKENS,
                   on_segment: Callable[[Segment], None] | None = None) -> GeneratedPlan:
     """Generate one plan on ``engine``; ``on_segment`` sees each segment the moment it is cut.
@@ -71,7 +71,7 @@ def generate_plan(engine: Engine, robot: SkillModel, catalog: TraceCatalog, task
 
     server = Server(engine, {robot.robot: robot}, POLICIES["timelyllm" if segmented else "vllm"], VirtualClock(),
                     network_latency=0.0, on_segment=dispatched, on_finish=finished.append)
-    prompt_ids = engine.tokenizer.encode(task_prompt(catalog, robot.robot, task))
+    prompt_ids = engine.tokenizer.encode(robot.prompt_text(task))
     request = server.submit(PlanRequest(f"plan-{next(_ids)}", "cli", robot.robot, prompt_ids, TUF(1.0, -2.0, 1.0),
                                         max_new_tokens=max_new_tokens, constrained=constrained))
     while not finished:

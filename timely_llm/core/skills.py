@@ -12,7 +12,12 @@ Each argument has a type, which the plan grammar (``core/grammar.py``) enforces:
   ``{NAME: name}``          an object or place name, quoted (or a MiniSpec variable);
   ``{NAME: text}``          free text, quoted (or a MiniSpec variable);
 a bare ``NAME`` is untyped (any of those). ``returns: bool | number | text`` marks a skill
-whose value plans may test in a condition or store in a variable.
+whose value plans may test in a condition or store in a variable. ``description`` says
+what the skill does, for the prompt.
+
+A robot with skills also has a ``prompt:`` section, from which its system prompt is built
+(see :mod:`timely_llm.core.robot_prompt`): the file is the one source of the robot's
+grammar, prompt, stop-checker and time estimates.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from timely_llm.core.robot_prompt import PromptParts, build_system_prompt, check_examples, parse_prompt, request_prompt
 from timely_llm.errors import ConfigError, read_mapping
 from timely_llm.share import share_dir
 
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
 ARG_TYPES = ("int", "name", "text", "any")
 RETURN_TYPES = ("bool", "number", "text")
+FILE_KEYS = ("robot", "language", "segment", "words_per_minute", "skills", "prompt")
+SKILL_KEYS = ("abbr", "name", "args", "returns", "time", "description")
 _INT_TYPE = re.compile(r"int\s+(\d+)\s*\.\.\s*(\d+)")
 
 
@@ -87,6 +95,8 @@ class Skill:
     time: TimeModel
     returns: str | None = None
     """What the skill's value is (one of RETURN_TYPES), None for actions without a useful value."""
+    description: str = ""
+    """What the skill does, in the words the prompt uses."""
 
     @property
     def takes_args(self) -> bool:
@@ -98,7 +108,7 @@ class SkillModel:
 
     def __init__(self, robot: str, language: str, skills: list[Skill], segment_max_tokens: int,
                  segment_generation_time: float, words_per_minute: float | None = None,
-                 source: str = "<memory>") -> None:
+                 source: str = "<memory>", prompt: PromptParts | None = None) -> None:
         self.robot = robot
         self.language = language
         self.skills = {s.abbr: s for s in skills}
@@ -106,7 +116,14 @@ class SkillModel:
         self.segment_generation_time = segment_generation_time
         self.words_per_minute = words_per_minute
         self.source = source
+        self.prompt = prompt
+        self.system_prompt = build_system_prompt(prompt, skills) if prompt else ""
+        """The fixed part of every prompt of this robot (empty for a robot without a prompt section)."""
         self._call_re = _call_regex(skills) if skills else None
+
+    def prompt_text(self, task: str) -> str:
+        """The exact text the model is asked to continue for ``task``."""
+        return request_prompt(self.system_prompt, task)
 
     def find_calls(self, text: str) -> list[SkillCall]:
         """Every complete skill call in ``text``, in order."""
@@ -165,6 +182,7 @@ def load_skill_model(path: str | Path) -> SkillModel:
     """Load and validate one skill-model file; ConfigError names the file and field."""
     source = str(path)
     data = read_mapping(path)
+    _no_unknown_keys(data, FILE_KEYS, source, "")
     robot = _require(data, "robot", str, source)
     language = _require(data, "language", str, source)
     if language not in SEGMENT_LANGUAGES:
@@ -181,15 +199,42 @@ def load_skill_model(path: str | Path) -> SkillModel:
     if not isinstance(raw_skills, list) or (not raw_skills and wpm is None):
         raise ConfigError(source, "skills", "expected a non-empty list (or words_per_minute for reading)")
     skills = [_parse_skill(s, i, source) for i, s in enumerate(raw_skills)]
-    return SkillModel(robot, language, skills, max_tokens, gen_time, wpm, source)
+    _no_duplicates(skills, source)
+    if "prompt" not in data and skills:
+        raise ConfigError(source, "prompt", "missing: a robot with skills needs intro, guidance and examples")
+    prompt = parse_prompt(data["prompt"], skills, source) if "prompt" in data else None
+    model = SkillModel(robot, language, skills, max_tokens, gen_time, wpm, source, prompt)
+    if prompt is not None:
+        check_examples(prompt, model, source)
+    return model
+
+
+def _no_unknown_keys(data: dict, known: tuple[str, ...], source: str, prefix: str) -> None:
+    for key in data:
+        if key not in known:
+            raise ConfigError(source, prefix + str(key), f"unknown field (known: {', '.join(known)})")
+
+
+def _no_duplicates(skills: list[Skill], source: str) -> None:
+    seen: set[str] = set()
+    for i, skill in enumerate(skills):
+        if skill.abbr in seen:
+            raise ConfigError(source, f"skills[{i}].abbr", f"duplicate skill {skill.abbr!r}")
+        seen.add(skill.abbr)
 
 
 def _parse_skill(raw: Any, index: int, source: str) -> Skill:
     where = f"skills[{index}]."
     if not isinstance(raw, dict):
         raise ConfigError(source, f"skills[{index}]", "expected a mapping")
+    _no_unknown_keys(raw, SKILL_KEYS, source, where)
     abbr = _require(raw, "abbr", str, source, where)
     name = _require(raw, "name", str, source, where)
+    if not re.fullmatch(r"[A-Za-z_]\w*", abbr):
+        raise ConfigError(source, where + "abbr", f"{abbr!r} is not an identifier a plan can call")
+    description = raw.get("description", "")
+    if not isinstance(description, str) or ("description" in raw and not description.strip()):
+        raise ConfigError(source, where + "description", "must be non-empty text")
     args = raw.get("args", [])
     if not isinstance(args, list):
         raise ConfigError(source, where + "args", "expected a list")
@@ -197,7 +242,8 @@ def _parse_skill(raw: Any, index: int, source: str) -> Skill:
     if returns is not None and returns not in RETURN_TYPES:
         raise ConfigError(source, where + "returns", f"must be one of {RETURN_TYPES}, got {returns!r}")
     specs = tuple(_parse_arg(a, f"{where}args[{i}]", source) for i, a in enumerate(args))
-    return Skill(abbr, name, specs, _parse_time(_require(raw, "time", dict, source, where), source, where), returns)
+    time_model = _parse_time(_require(raw, "time", dict, source, where), source, where)
+    return Skill(abbr, name, specs, time_model, returns, description.strip())
 
 
 def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
+from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.interfaces import RequestPlan
@@ -22,7 +23,8 @@ MAX_TUF_BETA = 1e6
 class GoalRules:
     """What a goal is checked against before it is accepted."""
 
-    robots: Collection[str]
+    robots: Mapping[str, SkillModel]
+    """The robot types served; a goal's prompt is its robot's (built from the skill-model file)."""
     catalog: TraceCatalog
     encode: Callable[[str], list[int]]
     max_prompt_tokens: int
@@ -47,7 +49,7 @@ def plan_from_goal(goal: RequestPlan.Goal, request_id: str, rules: GoalRules) ->
     trace = _goal_trace(goal, rules)
     category = trace.category if trace else ("arm" if goal.robot_type == "arm" else "normal")
     tuf = _goal_tuf(goal, category, rules)
-    prompt_ids = rules.encode(rules.catalog.prompt_text(goal.robot_type, goal.task))
+    prompt_ids = rules.encode(rules.robots[goal.robot_type].prompt_text(goal.task))
     if len(prompt_ids) > rules.max_prompt_tokens:
         raise RequestRejected(f"prompt of {len(prompt_ids)} tokens exceeds max_prompt_tokens {rules.max_prompt_tokens}")
     return PlanRequest(request_id, goal.agent_id, goal.robot_type, prompt_ids, tuf, category, goal.max_new_tokens,

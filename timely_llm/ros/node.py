@@ -221,7 +221,7 @@ class TimelyLlmNode(LifecycleNode):
                         on_segment=self._on_segment, on_finish=self._on_finish,
                         features=features, estimator=estimator, on_infeasible=self._on_infeasible)
         for robot in sorted(skills):
-            server.warm_prefix(engine.tokenizer.encode(self.catalog.prompt_text(robot, "")))
+            server.warm_prefix(engine.tokenizer.encode(skills[robot].prompt_text("")))
         for trace in self.catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)
             engine.tokenizer.encode(trace.plan)
         return server
@@ -237,7 +237,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def _goal_rules(self, server: Server) -> GoalRules:
         tufs = {c: TUF(*(self._param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta"))) for c in CATEGORIES}
-        return GoalRules(set(server.robots), self.catalog, server.engine.tokenizer.encode,
+        return GoalRules(server.robots, self.catalog, server.engine.tokenizer.encode,
                          self._param("max_prompt_tokens"), tufs, self._param("engine") == "sim",
                          self._param("max_task_chars"))
 

@@ -27,6 +27,7 @@ from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.base import SegmentResult, run_timed
+from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import TelloExecutor
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
@@ -62,6 +63,10 @@ def tello_runner(tello: TelloExecutor) -> SegmentRunner:
 
 def arm_runner(arm: SimulatedArm) -> SegmentRunner:
     return lambda segment, label: arm.execute_calls([(c.name, list(c.args)) for c in segment.skills])
+
+
+def mobile_base_runner(base: SimulatedMobileBase) -> SegmentRunner:
+    return lambda segment, label: base.execute_calls([(c.name, list(c.args)) for c in segment.skills])
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Simulated robots for a fleet replay: Tello simulators flown through djitellopy, and simulated arms.
+"""Simulated robots for a fleet replay: Tello simulators flown through djitellopy, simulated arms and
+simulated mobile bases (on an open map: every place reachable).
 
 Every skill takes the time its skill model gives; scene-dependent (sampled) times are
 drawn per segment with the same seeded generator :class:`SimulatedSkills` uses, so a
@@ -26,10 +27,18 @@ from djitellopy import Tello
 from timely_llm.core.skills import SkillModel
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.minispec import Value
+from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import FakeScene, SceneObject, TelloExecutor, use_client_ports
 from timely_llm.executors.tello_sim import TelloSimulator, free_udp_port, tello_command_duration
 from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.robot_client import SegmentRunner, SimulatedSkills, arm_runner, segment_rng, tello_runner
+from timely_llm.ros.robot_client import (
+    SegmentRunner,
+    SimulatedSkills,
+    arm_runner,
+    mobile_base_runner,
+    segment_rng,
+    tello_runner,
+)
 from timely_llm.workloads.traces import TraceCatalog
 
 FIRST_DRONE_IP = ipaddress.IPv4Address("127.0.0.2")
@@ -131,11 +140,13 @@ def ensure_client_ports() -> tuple[int, int]:
 def simulated_robots(agents: dict[str, str], skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
                      max_drones: int | None = None, time_scale: float = 1.0) -> Iterator[dict[str, SegmentRunner]]:
     """A runner per agent (agent -> robot type): the first ``max_drones`` tello agents fly Tello simulators
-    through djitellopy, arms are SimulatedArms, and every other agent sleeps SimulatedSkills times;
-    ``time_scale`` multiplies every skill's time."""
+    through djitellopy, arms are SimulatedArms, mobile bases SimulatedMobileBases, and every other agent
+    sleeps SimulatedSkills times; ``time_scale`` multiplies every skill's time."""
     tello_agents = sorted(a for a, robot in agents.items() if robot == "tello")[:max_drones]
     runners = {a: SimulatedSkills(skills[robot], seed, time_scale) for a, robot in agents.items()}
     runners |= {a: _arm(skills["arm"], catalog, seed, time_scale) for a, robot in agents.items() if robot == "arm"}
+    runners |= {a: mobile_base(skills["mobile_base"], seed, time_scale)
+                for a, robot in agents.items() if robot == "mobile_base"}
     with ExitStack() as stack:
         if tello_agents:
             drones = _start_drones(len(tello_agents), skills["tello"], seed, catalog, time_scale, stack)
@@ -148,6 +159,19 @@ def _arm(model: SkillModel, catalog: TraceCatalog, seed: int, time_scale: float)
     arm = SimulatedArm(arm_objects(catalog, model), duration=lambda skill, args: times.seconds(skill),
                        time_scale=time_scale)
     return times.timed(arm_runner(arm))
+
+
+def mobile_base(model: SkillModel, seed: int = 0, time_scale: float = 1.0,
+                world: dict[str, set[str]] | None = None) -> SegmentRunner:
+    """A SimulatedMobileBase timed by ``model`` (sampled drive times drawn per segment, as SimulatedSkills draws)."""
+    times = SkillTimes(model, seed)
+    base = SimulatedMobileBase(world, duration=lambda skill, args: times.seconds(skill, _first_number(args)),
+                               time_scale=time_scale)
+    return times.timed(mobile_base_runner(base))
+
+
+def _first_number(args: Sequence[Value]) -> float | None:
+    return next((float(a) for a in args if isinstance(a, int | float) and not isinstance(a, bool)), None)
 
 
 def _start_drones(count: int, model: SkillModel, seed: int, catalog: TraceCatalog, time_scale: float,

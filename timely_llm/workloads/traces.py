@@ -1,10 +1,17 @@
-"""The LRTrace catalog: task prompts and their recorded plans (Table 2)."""
+"""The LRTrace catalog: task prompts and their recorded plans (Table 2).
+
+A robot's system prompt is not the catalog's: it is built from the robot's skill-model file
+(:attr:`SkillModel.system_prompt`); the catalog reads it from there.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from timely_llm.core.robot_prompt import request_prompt
+from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.errors import ConfigError, read_mapping
 
@@ -23,36 +30,37 @@ class Trace:
 
 
 class TraceCatalog:
-    def __init__(self, traces: dict[int, Trace], system_prompts: dict[str, str]) -> None:
+    def __init__(self, traces: dict[int, Trace], robots: Mapping[str, SkillModel]) -> None:
         self.traces = traces
-        self.system_prompts = system_prompts
+        self.robots = robots
+        """The skill models the traces' robots' prompts come from."""
 
     def __getitem__(self, trace_id: int) -> Trace:
         return self.traces[trace_id]
 
     def system_prompt(self, robot: str) -> str:
-        return self.system_prompts.get(robot, "")
+        return self.robots[robot].system_prompt if robot in self.robots else ""
 
     def prompt_text(self, robot: str, task: str) -> str:
-        """The full prompt: the robot's fixed system part, then the task (the part that varies)."""
-        return f"{self.system_prompt(robot)}\nTask: {task}\nResponse: "
+        """The full prompt of ``robot``'s request for ``task`` (see :meth:`SkillModel.prompt_text`)."""
+        return request_prompt(self.system_prompt(robot), task)
 
 
-def load_catalog(path: str | Path = CATALOG_PATH) -> TraceCatalog:
+def load_catalog(path: str | Path = CATALOG_PATH, robots: Mapping[str, SkillModel] | None = None) -> TraceCatalog:
+    """The traces in ``path``; prompts from ``robots`` (default: the shipped skill models)."""
     source = str(path)
     data = read_mapping(path)
     if not isinstance(data.get("tasks"), list):
         raise ConfigError(source, "tasks", "expected a list of tasks")
-    prompts = data.get("system_prompts", {})
-    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-        raise ConfigError(source, "system_prompts", "expected a mapping of robot -> text")
+    if "system_prompts" in data:
+        raise ConfigError(source, "system_prompts", "a robot's prompt lives in its skill-model file (prompt:)")
     traces = {}
     for i, raw in enumerate(data["tasks"]):
         trace = _parse_trace(raw, f"tasks[{i}]", source)
         if trace.id in traces:
             raise ConfigError(source, f"tasks[{i}].id", f"duplicate trace id {trace.id}")
         traces[trace.id] = trace
-    return TraceCatalog(traces, prompts)
+    return TraceCatalog(traces, load_skill_models() if robots is None else robots)
 
 
 def _parse_trace(raw: object, where: str, source: str) -> Trace:

@@ -1,0 +1,184 @@
+"""A robot's system prompt, built from the ``prompt:`` section of its skill-model file.
+
+The section holds the prompt's parts; the prompt is the ``layout`` with each placeholder
+replaced by its part:
+
+  ``{intro}``     ``prompt.intro``: who the model is and what it writes;
+  ``{skills}``    one line per skill from its signature and ``description``
+                  (``- go_to(place: quoted name) -> bool: ...``); a file may describe its skills in
+                  prose instead (``prompt.skills_text``), and then only the skills the prose does not
+                  name get a line, after it;
+  ``{guidance}``  ``prompt.guidance``: rules, syntax, hints;
+  ``{examples}``  ``prompt.examples``, each ``{task, plan}`` written by ``example_format``.
+
+Every worked example's plan must parse in the robot's own plan grammar, so the model is
+never shown a plan it could not write (an example kept verbatim from a published prompt
+may say why it does not parse in ``off_grammar``). A request's prompt is the system
+prompt, then the task (:func:`request_prompt`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from timely_llm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from timely_llm.core.skills import ArgSpec, Skill, SkillModel
+
+DEFAULT_LAYOUT = "{intro}\nSkills:\n{skills}\n{guidance}\n{examples}\n"
+DEFAULT_EXAMPLE_FORMAT = "Example {n}:\nTask: {task}\nResponse: {plan}"
+"""As a request reads (see :func:`request_prompt`), so the examples show the model the very form it continues."""
+PLACEHOLDERS = ("intro", "skills", "guidance", "examples")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+@dataclass(frozen=True)
+class WorkedExample:
+    task: str
+    plan: str
+    off_grammar: str | None = None
+    """Why this example is kept although its plan does not parse in the robot's grammar."""
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    intro: str
+    guidance: str
+    examples: tuple[WorkedExample, ...]
+    skills_text: str | None = None
+    layout: str = DEFAULT_LAYOUT
+    example_format: str = DEFAULT_EXAMPLE_FORMAT
+
+
+def request_prompt(system_prompt: str, task: str) -> str:
+    """The full prompt of a request: the robot's fixed system part, then the task (the part that varies)."""
+    return f"{system_prompt}\nTask: {task}\nResponse: "
+
+
+def build_system_prompt(parts: PromptParts, skills: list[Skill]) -> str:
+    """The robot's system prompt: ``parts.layout`` with every placeholder filled."""
+    examples = "\n".join(parts.example_format.format(n=n, task=e.task, plan=e.plan)
+                         for n, e in enumerate(parts.examples, 1))
+    fill = {"intro": parts.intro, "skills": skills_part(parts, skills),
+            "guidance": parts.guidance, "examples": examples}
+    return _PLACEHOLDER.sub(lambda m: fill[m.group(1)], parts.layout)
+
+
+def skills_part(parts: PromptParts, skills: list[Skill]) -> str:
+    """The prose description, if any, then one line per skill it does not name."""
+    lines = [_skill_line(s) for s in skills if not _named_in(parts.skills_text, s)]
+    return "\n".join(([parts.skills_text] if parts.skills_text else []) + lines)
+
+
+def _named_in(text: str | None, skill: Skill) -> bool:
+    return text is not None and re.search(rf"(?<!\w){re.escape(skill.abbr)}(?!\w)", text) is not None
+
+
+def _skill_line(skill: Skill) -> str:
+    returns = f" -> {skill.returns}" if skill.returns else ""
+    named = "" if skill.name == skill.abbr else f" [{skill.name}]"
+    args = ", ".join(_arg_text(a) for a in skill.args)
+    return f"- {skill.abbr}({args}){returns}{named}: {skill.description}"
+
+
+def _arg_text(arg: ArgSpec) -> str:
+    if arg.type == "int":
+        return f"{arg.name}: integer {arg.low}..{arg.high}"
+    if arg.type in ("name", "text"):
+        return f"{arg.name}: quoted {arg.type}"
+    return arg.name
+
+
+def parse_prompt(raw: Any, skills: list[Skill], source: str) -> PromptParts:
+    """The ``prompt:`` section; ConfigError names the file and the field at fault."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "prompt", "expected a mapping with intro, guidance and examples")
+    unknown = set(raw) - {"intro", "guidance", "examples", "skills_text", "layout", "example_format"}
+    if unknown:
+        raise ConfigError(source, f"prompt.{sorted(unknown)[0]}", "unknown field")
+    parts = PromptParts(
+        intro=_text(raw, "intro", source), guidance=_text(raw, "guidance", source),
+        examples=_examples(raw.get("examples"), source),
+        skills_text=_text(raw, "skills_text", source) if "skills_text" in raw else None,
+        layout=_optional_text(raw, "layout", DEFAULT_LAYOUT, source),
+        example_format=_optional_text(raw, "example_format", DEFAULT_EXAMPLE_FORMAT, source))
+    _check_layout(parts.layout, source)
+    _check_example_format(parts.example_format, source)
+    _check_described(parts, skills, source)
+    return parts
+
+
+def check_examples(parts: PromptParts, model: SkillModel, source: str) -> None:
+    """Every worked example parses in the robot's grammar, unless it says why not (and then truly does not)."""
+    from timely_llm.core.grammar import plan_grammar
+
+    grammar = plan_grammar(model)
+    if grammar is None:
+        return
+    for i, example in enumerate(parts.examples):
+        parses = grammar.accepts(example.plan)
+        if not parses and example.off_grammar is None:
+            raise ConfigError(source, f"prompt.examples[{i}].plan",
+                              f"{example.plan!r} does not parse in the {model.language} grammar of "
+                              f"{model.robot}'s skills")
+        if parses and example.off_grammar is not None:
+            raise ConfigError(source, f"prompt.examples[{i}].off_grammar", "the plan parses: drop off_grammar")
+
+
+def _text(raw: dict, key: str, source: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(source, f"prompt.{key}", "missing" if value is None else "must be non-empty text")
+    return value.rstrip("\n")
+
+
+def _optional_text(raw: dict, key: str, default: str, source: str) -> str:
+    if key not in raw:
+        return default
+    if not isinstance(raw[key], str):
+        raise ConfigError(source, f"prompt.{key}", f"must be text, got {type(raw[key]).__name__}")
+    return raw[key]
+
+
+def _examples(raw: Any, source: str) -> tuple[WorkedExample, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(source, "prompt.examples", "expected a non-empty list of {task, plan}")
+    examples = []
+    for i, item in enumerate(raw):
+        where = f"prompt.examples[{i}]"
+        if not isinstance(item, dict) or not {"task", "plan"} <= item.keys() or set(item) - {"task", "plan",
+                                                                                              "off_grammar"}:
+            raise ConfigError(source, where, "expected {task, plan} (and optionally off_grammar)")
+        for key in item:
+            if not isinstance(item[key], str) or not item[key].strip():
+                raise ConfigError(source, f"{where}.{key}", "must be non-empty text")
+        examples.append(WorkedExample(item["task"], item["plan"], item.get("off_grammar")))
+    return tuple(examples)
+
+
+def _check_layout(layout: str, source: str) -> None:
+    for name in PLACEHOLDERS:
+        count = layout.count("{" + name + "}")
+        if count != 1:
+            raise ConfigError(source, "prompt.layout", f"must hold {{{name}}} exactly once, holds it {count} times")
+
+
+def _check_example_format(example_format: str, source: str) -> None:
+    try:
+        example_format.format(n=1, task="t", plan="p")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(source, "prompt.example_format",
+                          f"only {{n}}, {{task}} and {{plan}} may be filled in ({exc!r})") from exc
+    if "{task}" not in example_format or "{plan}" not in example_format:
+        raise ConfigError(source, "prompt.example_format", "must hold {task} and {plan}")
+
+
+def _check_described(parts: PromptParts, skills: list[Skill], source: str) -> None:
+    """Each skill is described: by its own ``description``, or named in the prose of ``skills_text``."""
+    for i, skill in enumerate(skills):
+        if not skill.description and not _named_in(parts.skills_text, skill):
+            raise ConfigError(source, f"skills[{i}].description", "missing: every skill is described in the prompt"
+                              + (" (prompt.skills_text does not name it)" if parts.skills_text else ""))
