@@ -209,3 +209,22 @@ def test_the_simulated_mobile_base_looks_follows_and_refuses_like_a_base_on_a_ma
     assert not result.success and "attic" in result.reason and base.state.said == ["Hi"]
     open_map = SimulatedMobileBase()
     assert open_map.execute_calls([("go_to", ["anywhere"]), ("follow", ["bob", 5])]).success
+
+
+def test_a_fleet_mobile_base_executes_segments_in_the_times_simulated_skills_draws() -> None:
+    from timely_llm.ros.interfaces import Segment as SegmentMsg
+    from timely_llm.ros.interfaces import SkillCall as SkillCallMsg
+    from timely_llm.ros.robot_client import segment_rng
+    from timely_llm.ros.sim_robots import simulated_robots
+
+    skills = load_skill_models()
+    model = skills["mobile_base"]
+    text = "go_to('garage');look_for('bike');follow('bob',5);say('Done.');"
+    segment = SegmentMsg(text=text, index=1, skills=[SkillCallMsg(name=c.name, args=list(c.args))
+                                                     for c in model.find_calls(text)])
+    scale = 0.02
+    with simulated_robots({"base-1": "mobile_base"}, skills, load_catalog(), seed=4, time_scale=scale) as runners:
+        result = runners["base-1"](segment, "task-9")
+    assert result.success, result.reason
+    expected = model.sample_exec_time(text, segment_rng(4, "task-9", 1)) * scale
+    assert expected <= result.duration < expected + 1.0
