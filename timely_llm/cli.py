@@ -844,8 +844,7 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     from timely_llm.planning import DEFAULT_PLAN_TOKENS
 
     p.add_argument("--robot", required=True,
-                   help="robot type: a skill model's robot (shipped: arm, chatbot, mobile_base, tello; or one "
-                        "defined in --skill-models)")
+                   help="robot type: the robot of a skill model (a shipped one, or one in --skill-models)")
     p.add_argument("--task", help="the task, optionally after a scene: 'Scene: [cat], Task: ...' "
                                   "(required unless --show-prompt)")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,

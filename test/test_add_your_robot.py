@@ -1,0 +1,108 @@
+"""README's "Add your robot", followed end to end as a user would: its files written, its commands run.
+
+The robot file (a forklift, skills this code has never seen) is checked with ``plan --show-prompt``,
+served by ``timely-llm serve`` on embedded vLLM (SmolLM2), and the Python robot client script sends a
+free-text task and executes the segments: the plan uses only the forklift's skills.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.skills import load_skill_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ros]
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+READY_LINE = "active: accepting goals"
+START_TIMEOUT_S = 600
+
+
+def section_blocks() -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of the section, in order."""
+    section = README.read_text().split("\n## Add your robot\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+
+
+def write_files(blocks: list[tuple[str, str]], where: Path) -> dict[str, Path]:
+    """Each block that starts with ``# FILE`` is that file's text."""
+    files = {}
+    for _, body in blocks:
+        if m := re.match(r"# (my_\w+\.(?:yaml|py))\b", body):
+            files[m.group(1)] = where / m.group(1)
+            files[m.group(1)].write_text(body)
+    return files
+
+
+def commands(blocks: list[tuple[str, str]]) -> list[str]:
+    return [line for lang, body in blocks if lang == "bash" for line in body.splitlines() if line.strip()]
+
+
+def test_the_section_holds_a_file_of_each_kind_and_the_commands_to_use_them(tmp_path: Path) -> None:
+    blocks = section_blocks()
+    assert set(write_files(blocks, tmp_path)) == {"my_robot.yaml", "my_params.yaml", "my_robot_client.py"}
+    assert [c.split()[:2] for c in commands(blocks)] == [["timely-llm", "plan"], ["timely-llm", "serve"],
+                                                         ["ros2", "launch"], ["python", "my_robot_client.py"]]
+
+
+def test_the_params_file_sets_what_the_serve_command_line_sets(tmp_path: Path) -> None:
+    blocks = section_blocks()
+    files = write_files(blocks, tmp_path)
+    serve = next(c for c in commands(blocks) if c.startswith("timely-llm serve"))
+    overrides = dict(arg.split(":=", 1) for arg in shlex.split(serve) if ":=" in arg)
+    params = yaml.safe_load(files["my_params.yaml"].read_text())["/**"]["ros__parameters"]
+    assert {k: yaml.safe_load(v) for k, v in overrides.items()} == params
+    assert "params_file:=$PWD/my_params.yaml" in next(c for c in commands(blocks) if c.startswith("ros2 launch"))
+
+
+def test_a_user_robot_from_the_readme_serves_a_free_text_task_over_ros(tmp_path: Path, ros_domain: int) -> None:
+    blocks = section_blocks()
+    files = write_files(blocks, tmp_path)
+    model = load_skill_model(files["my_robot.yaml"])
+    env = os.environ | {"ROS_DOMAIN_ID": str(ros_domain), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    plan_cmd, serve_cmd, _, client_cmd = commands(blocks)
+
+    shown = subprocess.run(shlex.split(plan_cmd), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout == model.system_prompt, shown.stderr
+    for skill in model.skills.values():
+        assert f"- {skill.abbr}(" in shown.stdout and skill.description in shown.stdout
+
+    server = subprocess.Popen(shlex.split(serve_cmd), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(server.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not any(READY_LINE in line for line in log):
+            assert server.poll() is None and time.monotonic() < deadline, "".join(log)[-3000:]
+            time.sleep(1.0)
+        client = subprocess.run(shlex.split(client_cmd), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=360)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    lines = client.stdout.splitlines()
+    assert client.returncode == 0 and lines and lines[-1].startswith("succeeded "), client.stdout + client.stderr
+    plan = lines[-1].removeprefix("succeeded ")
+    assert plan_grammar(model).accepts(plan), plan
+    called = [name for c in model.find_calls(plan) for name in [c.name]]
+    assert called and set(called) <= set(model.skills), plan
+    segments = [line for line in lines[:-1] if line.startswith("segment ")]
+    assert segments and "".join(s.split(": ", 1)[1].split("  skills ")[0] for s in segments) == plan
+    assert server.returncode == 0, "".join(log)[-3000:]
