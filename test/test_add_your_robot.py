@@ -1,12 +1,15 @@
 """README's "Add your robot", followed end to end as a user would: its files written, its commands run.
 
 The robot file (a forklift, skills this code has never seen) is checked with ``plan --show-prompt``,
-served by ``timely-llm serve`` on embedded vLLM (SmolLM2), and the Python robot client script sends a
-free-text task and executes the segments: the plan uses only the forklift's skills.
+served on embedded vLLM (SmolLM2) by ``timely-llm serve`` from the venv and by the launch file with the
+section's params file in a fresh colcon workspace (``ros2 launch`` run as test_packaging runs it), and
+each time the Python robot client script sends a free-text task and executes the segments: the plan
+uses only the forklift's skills.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -15,19 +18,27 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import test_packaging
 import yaml
+from test_packaging import LAUNCH, Workspace, _default_sigint, _ros2_launch_sources, _venv_env
 
 from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.skills import load_skill_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ros]
 
+workspace = test_packaging.workspace
+"""A fresh colcon workspace of this checkout, as test_packaging builds it (once for this module)."""
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 READY_LINE = "active: accepting goals"
 START_TIMEOUT_S = 600
+"""An embedded vLLM start on a loaded 2-core machine."""
+STOP_TIMEOUT_S = 120
 
 
 def section_blocks() -> list[tuple[str, str]]:
@@ -67,6 +78,40 @@ def test_the_params_file_sets_what_the_serve_command_line_sets(tmp_path: Path) -
     assert "params_file:=$PWD/my_params.yaml" in next(c for c in commands(blocks) if c.startswith("ros2 launch"))
 
 
+@contextlib.contextmanager
+def serving(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[list[str]]:
+    """``argv`` started and logging READY_LINE; its output lines. Leaving: SIGINT, and it must exit 0."""
+    server = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True, preexec_fn=_default_sigint)
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(server.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not any(READY_LINE in line for line in log):
+            assert server.poll() is None and time.monotonic() < deadline, "".join(log)[-3000:]
+            time.sleep(1.0)
+        yield log
+        server.send_signal(signal.SIGINT)
+        assert server.wait(STOP_TIMEOUT_S) == 0, "".join(log)[-3000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def check_client_run(client: subprocess.CompletedProcess, model_path: Path) -> None:
+    """The client script's output: each executed segment, then ``succeeded PLAN``; PLAN of the robot's skills only."""
+    model = load_skill_model(model_path)
+    lines = client.stdout.splitlines()
+    assert client.returncode == 0 and lines and lines[-1].startswith("succeeded "), client.stdout + client.stderr
+    plan = lines[-1].removeprefix("succeeded ")
+    assert plan_grammar(model).accepts(plan), plan
+    called = [c.name for c in model.find_calls(plan)]
+    assert called and set(called) <= set(model.skills), plan
+    segments = [line for line in lines[:-1] if line.startswith("segment ")]
+    assert segments and "".join(s.split(": ", 1)[1].split("  skills ")[0] for s in segments) == plan
+
+
 def test_a_user_robot_from_the_readme_serves_a_free_text_task_over_ros(tmp_path: Path, ros_domain: int) -> None:
     blocks = section_blocks()
     files = write_files(blocks, tmp_path)
@@ -79,30 +124,20 @@ def test_a_user_robot_from_the_readme_serves_a_free_text_task_over_ros(tmp_path:
     for skill in model.skills.values():
         assert f"- {skill.abbr}(" in shown.stdout and skill.description in shown.stdout
 
-    server = subprocess.Popen(shlex.split(serve_cmd), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(server.stdout), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not any(READY_LINE in line for line in log):
-            assert server.poll() is None and time.monotonic() < deadline, "".join(log)[-3000:]
-            time.sleep(1.0)
+    with serving(shlex.split(serve_cmd), tmp_path, env):
         client = subprocess.run(shlex.split(client_cmd), cwd=tmp_path, env=env, capture_output=True, text=True,
                                 timeout=360)
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    lines = client.stdout.splitlines()
-    assert client.returncode == 0 and lines and lines[-1].startswith("succeeded "), client.stdout + client.stderr
-    plan = lines[-1].removeprefix("succeeded ")
-    assert plan_grammar(model).accepts(plan), plan
-    called = [name for c in model.find_calls(plan) for name in [c.name]]
-    assert called and set(called) <= set(model.skills), plan
-    segments = [line for line in lines[:-1] if line.startswith("segment ")]
-    assert segments and "".join(s.split(": ", 1)[1].split("  skills ")[0] for s in segments) == plan
-    assert server.returncode == 0, "".join(log)[-3000:]
+    check_client_run(client, files["my_robot.yaml"])
+
+
+def test_the_readme_launch_form_serves_the_robot_from_a_colcon_workspace(workspace: Workspace, tmp_path: Path,
+                                                                         ros_domain: int) -> None:
+    blocks = section_blocks()
+    files = write_files(blocks, tmp_path)
+    _, _, launch_cmd, client_cmd = commands(blocks)
+    # The venv has no `ros2 launch` (the launch packages are not on PyPI): run what it runs, as test_packaging does.
+    launch = launch_cmd.replace("ros2 launch timely_llm timely_llm.launch.py", f"python -c '{LAUNCH}'")
+    with serving(workspace.sourced(launch), tmp_path, _venv_env(ros_domain, _ros2_launch_sources())):
+        client = subprocess.run(workspace.sourced(client_cmd), cwd=tmp_path, env=_venv_env(ros_domain, None),
+                                capture_output=True, text=True, timeout=360)
+    check_client_run(client, files["my_robot.yaml"])

@@ -171,7 +171,7 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
     from timely_llm.workloads.traces import load_catalog
 
     skills = load_skill_models(args.skill_models)
-    catalog = load_catalog()
+    catalog = load_catalog(robots=skills)  # prompts from the skill models this run uses
     for trace in catalog.traces.values():
         if trace.robot not in skills:
             raise ConfigError("lrtrace.yaml", f"trace {trace.id}.robot", f"no skill model for {trace.robot!r}")
