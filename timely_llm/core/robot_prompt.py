@@ -32,6 +32,7 @@ DEFAULT_LAYOUT = "{intro}\nSkills:\n{skills}\n{guidance}\n{examples}\n"
 DEFAULT_EXAMPLE_FORMAT = "Example {n}:\nTask: {task}\nResponse: {plan}"
 """As a request reads (see :func:`request_prompt`), so the examples show the model the very form it continues."""
 PLACEHOLDERS = ("intro", "skills", "guidance", "examples")
+PROMPT_KEYS = ("intro", "guidance", "examples", "skills_text", "layout", "example_format")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 
@@ -62,12 +63,12 @@ def build_system_prompt(parts: PromptParts, skills: list[Skill]) -> str:
     """The robot's system prompt: ``parts.layout`` with every placeholder filled."""
     examples = "\n".join(parts.example_format.format(n=n, task=e.task, plan=e.plan)
                          for n, e in enumerate(parts.examples, 1))
-    fill = {"intro": parts.intro, "skills": skills_part(parts, skills),
+    fill = {"intro": parts.intro, "skills": _skills_part(parts, skills),
             "guidance": parts.guidance, "examples": examples}
     return _PLACEHOLDER.sub(lambda m: fill[m.group(1)], parts.layout)
 
 
-def skills_part(parts: PromptParts, skills: list[Skill]) -> str:
+def _skills_part(parts: PromptParts, skills: list[Skill]) -> str:
     """The prose description, if any, then one line per skill it does not name."""
     lines = [_skill_line(s) for s in skills if not _named_in(parts.skills_text, s)]
     return "\n".join(([parts.skills_text] if parts.skills_text else []) + lines)
@@ -96,9 +97,9 @@ def parse_prompt(raw: Any, skills: list[Skill], source: str) -> PromptParts:
     """The ``prompt:`` section; ConfigError names the file and the field at fault."""
     if not isinstance(raw, dict):
         raise ConfigError(source, "prompt", "expected a mapping with intro, guidance and examples")
-    unknown = set(raw) - {"intro", "guidance", "examples", "skills_text", "layout", "example_format"}
+    unknown = sorted(str(k) for k in raw if k not in PROMPT_KEYS)
     if unknown:
-        raise ConfigError(source, f"prompt.{sorted(unknown)[0]}", "unknown field")
+        raise ConfigError(source, f"prompt.{unknown[0]}", f"unknown field (known: {', '.join(PROMPT_KEYS)})")
     parts = PromptParts(
         intro=_text(raw, "intro", source), guidance=_text(raw, "guidance", source),
         examples=_examples(raw.get("examples"), source),
