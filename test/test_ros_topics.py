@@ -180,3 +180,14 @@ def test_agent_ids_must_name_topics(agent: str, error: str | None) -> None:
                                              ("a--b", "a_b"), ("ok_1", "ok_1")])
 def test_any_name_becomes_a_valid_agent_id(name: str, token: str) -> None:
     assert ros_agent_id(name) == token and agent_topic_error(token) is None
+
+
+def test_each_robot_process_receives_every_goals_feedback_on_the_action_and_its_own_on_topics(ros_domain: int) -> None:
+    from timely_llm.ros.traffic_bench import run_traffic
+
+    action, topic = run_traffic(3, 2, ros_domain, time_scale=0.01)
+    for point in (action, topic):
+        assert point.tasks == point.succeeded == 6 and point.own_segments > 0
+    assert action.own_segments == topic.own_segments  # the same plans on both interfaces
+    assert action.segment_messages == 3 * action.own_segments  # every robot's feedback reaches every robot
+    assert topic.segment_messages == topic.own_segments and topic.other_messages == 2  # its own, and its 2 ends
