@@ -12,6 +12,7 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
 
 from timely_llm.core.skills import load_skill_models
+from timely_llm.ros import topic_requests
 from timely_llm.ros.fleet import cut, run_fleet, server_node
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
@@ -191,3 +192,23 @@ def test_each_robot_process_receives_every_goals_feedback_on_the_action_and_its_
     assert action.own_segments == topic.own_segments  # the same plans on both interfaces
     assert action.segment_messages == 3 * action.own_segments  # every robot's feedback reaches every robot
     assert topic.segment_messages == topic.own_segments and topic.other_messages == 2  # its own, and its 2 ends
+
+
+def test_publishers_of_idle_robots_are_dropped_past_the_cap_and_busy_ones_kept(
+        session: tuple, topic_link: TopicPlanLink, topic_robots: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topic_requests, "MAX_AGENTS", 2)
+    node = topic_link.node
+    idle = ("x1", "x2", "x3")
+    heard = {agent: Heard(node, agent) for agent in idle}
+    with server_node(session[1], session[0], segment_timeout_margin=60.0):
+        assert topic_link.wait_for_server()
+        busy = ask(topic_robots("busy", report=False), 7)
+        wait_until(lambda: busy.segments, RESULT_TIMEOUT_S, "the busy robot's first segment")
+        for agent in idle:
+            topic_link.request_pub.publish(TaskRequest(request_id="r", agent_id=agent, robot_type="submarine",
+                                                       task="t", trace_id=7))
+            wait_until(lambda: heard[agent].results, RESULT_TIMEOUT_S, f"{agent}'s refusal")  # noqa: B023
+        wait_until(lambda: not node.count_publishers("x2/plan_result"), RESULT_TIMEOUT_S, "x2's publisher gone")
+        assert node.count_publishers("x1/plan_result") == 0  # x1 went when x2 came, x2 when x3 came
+        assert node.count_publishers("x3/plan_result") == node.count_publishers("busy/segments") == 1
+    assert all("unknown robot type" in heard[agent].results[0].reason for agent in idle)
