@@ -16,6 +16,7 @@ from timely_llm.ros import topic_requests
 from timely_llm.ros.fleet import cut, run_fleet, server_node
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.node import TimelyLlmNode
 from timely_llm.ros.robot_client import RobotClient, SimulatedSkills, TaskOutcome
 from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 from timely_llm.ros.topic_requests import AGENT_QOS, agent_topic_error, agent_topics
@@ -25,6 +26,7 @@ from timely_llm.workloads.traces import load_catalog
 pytestmark = pytest.mark.ros
 
 RESULT_TIMEOUT_S = 60.0
+VLLM_RESULT_TIMEOUT_S = 300.0
 CATALOG = load_catalog()
 SKILLS = load_skill_models()
 
@@ -165,6 +167,46 @@ def test_fleet_replays_a_workload_over_topics(session: tuple) -> None:
     assert len(records) == len(workload.requests) > 3
     assert [r["status"] for r in records] == ["succeeded"] * len(records), [r["reason"] for r in records]
     assert all(r["num_segments"] >= 1 and r["utility"] is not None for r in records)
+
+
+def test_two_fleets_in_two_namespaces_each_get_their_plans_from_their_own_node(session: tuple) -> None:
+    context, executor = session
+    servers, clients, robots = [], [], {}
+    try:
+        for fleet in ("fleet_a", "fleet_b"):
+            servers.append(TimelyLlmNode(context=context, namespace=fleet))
+            clients.append(Node("robots", namespace=fleet, context=context))
+            for node in (servers[-1], clients[-1]):
+                executor.add_node(node)
+            link = TopicPlanLink(clients[-1])
+            assert link.wait_for_server()
+            robots[fleet] = TopicRobotClient(link, "d1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.2))
+        heard = Heard(clients[0], "d1")
+        outcomes = {fleet: ask(robot, trace) for (fleet, robot), trace in zip(robots.items(), (2, 7), strict=True)}
+        results = {fleet: outcome.wait(RESULT_TIMEOUT_S) for fleet, outcome in outcomes.items()}
+    finally:
+        for robot in robots.values():
+            robot.close()
+        for server in servers:
+            server.shutdown()
+        for node in servers + clients:
+            executor.remove_node(node)
+            node.destroy_node()
+    assert [r.status for r in results.values()] == ["succeeded"] * 2
+    assert results["fleet_a"].result.plan == CATALOG[2].plan and results["fleet_b"].result.plan == CATALOG[7].plan
+    assert [r.plan for r in heard.results] == [CATALOG[2].plan]  # /fleet_a/d1 hears fleet_a's node only
+
+
+@pytest.mark.vllm
+def test_a_free_text_task_over_topics_is_planned_on_the_embedded_vllm_engine(
+        session: tuple, topic_link: TopicPlanLink, topic_robots: Callable) -> None:
+    heard = Heard(topic_link.node, "free")
+    with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25):
+        assert topic_link.wait_for_server()
+        outcome = topic_robots("free").request("find the cat", max_new_tokens=24).wait(VLLM_RESULT_TIMEOUT_S)
+    assert outcome.status == "succeeded", outcome.result.reason
+    assert outcome.result.plan == "".join(s.text for s in outcome.segments) and outcome.segments[-1].final
+    assert len(heard.segments) == outcome.result.num_segments and len(heard.results) == 1
 
 
 @pytest.mark.parametrize(("agent", "error"), [
