@@ -67,6 +67,8 @@ class InterfaceTraffic:
     tasks: int
     succeeded: int
     seconds: float
+    node_cpu_s: float
+    """CPU seconds the node's process used during the phase."""
     own_segments: float
     segment_messages: float
     """Messages on the segment-carrying topic: the action's feedback topic, or the robot's own segments."""
@@ -75,11 +77,12 @@ class InterfaceTraffic:
     """Messages on the interface's other topic: the action's goal status, or the robot's own plan_result."""
     other_kib: float
 
-    HEADER = ("robots  interface  tasks  ok     s | per robot: own segs  segment msgs (KiB)    "
+    HEADER = ("robots  interface  tasks  ok     s  node cpu s | per robot: own segs  segment msgs (KiB)    "
               "status/result msgs (KiB)  total KiB")
 
     def row(self) -> str:
-        return (f"{self.robots:6d}  {self.interface:9s} {self.tasks:6d} {self.succeeded:3d} {self.seconds:5.1f} |"
+        return (f"{self.robots:6d}  {self.interface:9s} {self.tasks:6d} {self.succeeded:3d} {self.seconds:5.1f}"
+                f" {self.node_cpu_s:11.1f} |"
                 f" {self.own_segments:19.1f} {self.segment_messages:13.1f} ({self.segment_kib:6.1f})"
                 f" {self.other_messages:18.1f} ({self.other_kib:6.1f}) {self.segment_kib + self.other_kib:10.1f}")
 
@@ -94,25 +97,25 @@ def run_traffic(robots: int, goals: int, domain_id: int, time_scale: float = 0.0
         fleet.expect("ready", READY_S)
         found = []
         for interface in interfaces:
-            start = time.monotonic()
+            start, cpu = time.monotonic(), node.cpu_seconds()
             fleet.send(f"go {interface}")
             fleet.expect("done", PHASE_S)
-            seconds = time.monotonic() - start
+            seconds, cpu = time.monotonic() - start, node.cpu_seconds() - cpu
             time.sleep(SETTLE_S)
             fleet.send("count")
             counts = [json.loads(line) for line in fleet.expect("", PHASE_S)]
-            found.append(_summary(robots, interface, seconds, counts))
+            found.append(_summary(robots, interface, seconds, cpu, counts))
         fleet.send("exit")
         node.stop()
     return found
 
 
-def _summary(robots: int, interface: str, seconds: float, counts: list[dict]) -> InterfaceTraffic:
+def _summary(robots: int, interface: str, seconds: float, cpu: float, counts: list[dict]) -> InterfaceTraffic:
     def mean(key: str, scale: float = 1.0) -> float:
         return statistics.fmean(c[key] for c in counts) / scale
 
     return InterfaceTraffic(robots, interface, sum(c["tasks"] for c in counts), sum(c["succeeded"] for c in counts),
-                            seconds, mean("own_segments"), mean("segment_messages"), mean("segment_bytes", 1024),
+                            seconds, cpu, mean("own_segments"), mean("segment_messages"), mean("segment_bytes", 1024),
                             mean("other_messages"), mean("other_bytes", 1024))
 
 
