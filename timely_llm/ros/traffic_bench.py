@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -69,6 +70,8 @@ class InterfaceTraffic:
     seconds: float
     node_cpu_s: float
     """CPU seconds the node's process used during the phase."""
+    first_segment_s: float
+    """Mean over tasks: from sending a task to its first segment's arrival."""
     own_segments: float
     segment_messages: float
     """Messages on the segment-carrying topic: the action's feedback topic, or the robot's own segments."""
@@ -77,12 +80,12 @@ class InterfaceTraffic:
     """Messages on the interface's other topic: the action's goal status, or the robot's own plan_result."""
     other_kib: float
 
-    HEADER = ("robots  interface  tasks  ok     s  node cpu s | per robot: own segs  segment msgs (KiB)    "
-              "status/result msgs (KiB)  total KiB")
+    HEADER = ("robots  interface  tasks  ok     s  node cpu s  1st seg s | per robot: own segs  segment msgs (KiB)"
+              "    status/result msgs (KiB)  total KiB")
 
     def row(self) -> str:
         return (f"{self.robots:6d}  {self.interface:9s} {self.tasks:6d} {self.succeeded:3d} {self.seconds:5.1f}"
-                f" {self.node_cpu_s:11.1f} |"
+                f" {self.node_cpu_s:11.1f} {self.first_segment_s:10.2f} |"
                 f" {self.own_segments:19.1f} {self.segment_messages:13.1f} ({self.segment_kib:6.1f})"
                 f" {self.other_messages:18.1f} ({self.other_kib:6.1f}) {self.segment_kib + self.other_kib:10.1f}")
 
@@ -115,8 +118,13 @@ def _summary(robots: int, interface: str, seconds: float, cpu: float, counts: li
         return statistics.fmean(c[key] for c in counts) / scale
 
     return InterfaceTraffic(robots, interface, sum(c["tasks"] for c in counts), sum(c["succeeded"] for c in counts),
-                            seconds, cpu, mean("own_segments"), mean("segment_messages"), mean("segment_bytes", 1024),
+                            seconds, cpu, _mean_or_nan([s for c in counts for s in c["first_segment_s"]]),
+                            mean("own_segments"), mean("segment_messages"), mean("segment_bytes", 1024),
                             mean("other_messages"), mean("other_bytes", 1024))
+
+
+def _mean_or_nan(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
 
 
 class _Fleet:
@@ -223,7 +231,8 @@ def robot_main(agent: str, goals: int, time_scale: float) -> int:
                     tally.messages = tally.bytes = 0
                 outcomes = [_run_task(clients[interface], traces[i % len(traces)]) for i in range(goals)]
                 counts = {"tasks": len(outcomes), "succeeded": sum(o.status == "succeeded" for o in outcomes),
-                          "own_segments": sum(len(o.segments) for o in outcomes)}
+                          "own_segments": sum(len(o.segments) for o in outcomes),
+                          "first_segment_s": [o.first_segment_at - o.sent for o in outcomes if o.first_segment_at]}
                 print("done", flush=True)
             elif command == ["count"]:
                 segment_tally, other_tally = heard[interface]
