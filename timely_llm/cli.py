@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
     _add_load_bench(sub.add_parser("load-bench", help="the node under 100s of robots: goals in flight, accept "
                                                        "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
+    _add_traffic_bench(sub.add_parser("traffic-bench", help="what each robot process receives on the action vs "
+                                                             "the topic interface, for N robot processes"))
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
     _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
@@ -580,6 +582,9 @@ def _add_robot_args(p: argparse.ArgumentParser, tello_sim: bool) -> None:
                         "(else every robot sleeps its skill-model times)")
     p.add_argument("--max-drones", type=_nonneg_int, default=DEFAULT_MAX_DRONES,
                    help="with --tello-sim: at most this many drones on simulators, the rest sleep their times")
+    p.add_argument("--interface", choices=("action", "topic"), default="action",
+                   help="robots ask over the request_plan action (default) or publish on the task_requests topic "
+                        "and hear only their own <agent>/segments and <agent>/plan_result")
 
 
 def _robots(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel],
@@ -614,7 +619,8 @@ def _fleet(args: argparse.Namespace) -> int:
     print(f"{len(workload.requests)} requests of {workload.name} to the running node on ROS domain {args.domain_id}")
     with ros_session(args.domain_id) as (context, executor), _robots(args, workload, catalog, skills) as runners, \
             _progress("fleet", len(workload.requests)) as progress:
-        records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress)
+        records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
+                            interface=args.interface)
     result = fleet_result(workload, records, FLEET_POLICY, args.seed)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -670,7 +676,8 @@ def _demo(args: argparse.Namespace) -> int:
                 _robots(args, workload, catalog, skills) as runners, \
                 _progress(policy, len(workload.requests)) as progress:
             records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
-                                generate=generate, max_new_tokens=args.max_new_tokens if generate else 0)
+                                generate=generate, max_new_tokens=args.max_new_tokens if generate else 0,
+                                interface=args.interface)
         results.append(fleet_result(workload, records, policy, args.seed))
         print(f"{policy}: {results[-1]['summary']['all']['succeeded']} of {len(records)} requests succeeded",
               flush=True)
@@ -714,6 +721,31 @@ def _load_bench(args: argparse.Namespace) -> int:
         print(f"node RSS with {args.memory_agents} robots: " + ", ".join(
             f"{rss:.0f} MiB after {goals:,} goals" for goals, rss in found) +
             f" ({100 * (found[-1][1] / found[0][1] - 1):+.1f}% from first to last)")
+    return 0
+
+
+def _add_traffic_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--robots", nargs="+", type=_positive_int, default=[2, 8, 32],
+                   help="robot processes, all at once against a fresh node per count (default 2 8 32)")
+    p.add_argument("--goals", type=_positive_int, default=3, help="tasks each robot sends in turn (default 3)")
+    p.add_argument("--interfaces", nargs="+", choices=("action", "topic"), default=["action", "topic"],
+                   help="the interfaces measured, in this order, by the same robot processes (default action topic)")
+    p.add_argument("--time-scale", type=_positive_float, default=0.02,
+                   help="robots execute segments in this fraction of their skill-model time (default 0.02)")
+    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
+                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    p.set_defaults(run=_traffic_bench)
+
+
+def _traffic_bench(args: argparse.Namespace) -> int:
+    from timely_llm.ros.traffic_bench import InterfaceTraffic, run_traffic
+
+    print(f"node on the sim engine and every robot in a process of its own; {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at the start; {args.goals} tasks per robot, one after another", flush=True)
+    print(InterfaceTraffic.HEADER, flush=True)
+    for robots in args.robots:
+        for point in run_traffic(robots, args.goals, args.domain_id, args.time_scale, tuple(args.interfaces)):
+            print(point.row(), flush=True)
     return 0
 
 

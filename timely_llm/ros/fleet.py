@@ -27,6 +27,7 @@ from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
 from timely_llm.ros.node import TimelyLlmNode, spinning
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
+from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -73,24 +74,23 @@ def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
               context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
               progress: Callable[[int], None] | None = None, generate: bool = False,
-              max_new_tokens: int = 0) -> list[dict]:
+              max_new_tokens: int = 0, interface: str = "action") -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
     ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
     called with the number of requests ended so far, each time one ends. With ``generate`` a
     request carries its trace's task text but no trace id, so the node generates the plan (at
-    most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one.
+    most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one. Robots ask over
+    ``interface``: the ``request_plan`` action, or the ``task_requests`` topic (as :func:`ros_agent_id` of their names).
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
-    link = PlanLink(node)
     agents = fleet_agents(workload, catalog)
     runners = runners or {agent: SimulatedSkills(skills[robot], seed) for agent, robot in agents.items()}
-    robots = {agent: RobotClient(link, agent, robot, runners[agent], network_delay=workload.network_latency)
-              for agent, robot in agents.items()}
+    link, robots = _robots(node, interface, agents, runners, workload.network_latency)
     try:
         if not link.wait_for_server():
-            raise RuntimeError("no timely_llm_server answers on request_plan")
+            raise RuntimeError(f"no timely_llm_server answers on the {interface} interface")
         start, sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
         deadline = time.monotonic() + RESULT_GRACE_S
         return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog, start)
@@ -100,6 +100,20 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
             robot.close()
         executor.remove_node(node)
         node.destroy_node()
+
+
+def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[str, SegmentRunner],
+            network_delay: float) -> tuple[PlanLink | TopicPlanLink, dict[str, RobotClient]]:
+    """The link of ``interface`` (action or topic) on ``node``, and a robot client per agent on it."""
+    if interface == "topic":
+        topic_link = TopicPlanLink(node)
+        return topic_link, {agent: TopicRobotClient(topic_link, ros_agent_id(agent), robot, runners[agent],
+                                                    network_delay=network_delay) for agent, robot in agents.items()}
+    if interface != "action":
+        raise ValueError(f"interface must be action or topic, got {interface!r}")
+    link = PlanLink(node)
+    return link, {agent: RobotClient(link, agent, robot, runners[agent], network_delay=network_delay)
+                  for agent, robot in agents.items()}
 
 
 def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient],

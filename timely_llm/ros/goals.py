@@ -1,4 +1,5 @@
-"""What a ``RequestPlan`` goal must satisfy before the node accepts it, and the request it becomes."""
+"""What a ``RequestPlan`` goal or a ``TaskRequest`` (same field names) must satisfy before the node accepts it,
+and the request it becomes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
-from timely_llm.ros.interfaces import RequestPlan
+from timely_llm.ros.interfaces import RequestPlan, TaskRequest
 from timely_llm.server import PlanRequest
 from timely_llm.workloads.traces import Trace, TraceCatalog
 
@@ -17,6 +18,9 @@ MAX_ID_CHARS = 256
 MAX_ERT_S = 3600.0
 MAX_TUF_SLOPE = 1e6
 MAX_TUF_BETA = 1e6
+
+Goal = RequestPlan.Goal | TaskRequest
+"""A request from either interface: the action's goal or the topic's message."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class GoalRules:
     max_task_chars: int = 2000
 
 
-def plan_from_goal(goal: RequestPlan.Goal, request_id: str, rules: GoalRules) -> PlanRequest:
+def plan_from_goal(goal: Goal, request_id: str, rules: GoalRules) -> PlanRequest:
     """The PlanRequest for a goal; RequestRejected says why a malformed goal cannot be served."""
     if not goal.agent_id.strip():
         raise RequestRejected("empty agent id")
@@ -57,7 +61,7 @@ def plan_from_goal(goal: RequestPlan.Goal, request_id: str, rules: GoalRules) ->
                        keep_if_infeasible=goal.keep_if_infeasible, overrun=_goal_overrun(goal))
 
 
-def _goal_overrun(goal: RequestPlan.Goal) -> str:
+def _goal_overrun(goal: Goal) -> str:
     strategy = goal.overrun_strategy or OVERRUN_NONE
     if strategy not in OVERRUN_STRATEGIES:
         raise RequestRejected(f"unknown overrun_strategy {strategy[:MAX_ID_CHARS]!r} "
@@ -65,7 +69,7 @@ def _goal_overrun(goal: RequestPlan.Goal) -> str:
     return strategy
 
 
-def _goal_trace(goal: RequestPlan.Goal, rules: GoalRules) -> Trace | None:
+def _goal_trace(goal: Goal, rules: GoalRules) -> Trace | None:
     if goal.trace_id < 0 or (goal.trace_id == 0 and rules.trace_required):
         raise RequestRejected(f"trace_id {goal.trace_id} invalid: the sim engine replays LRTrace plans (trace_id > 0)")
     if goal.trace_id == 0:
@@ -78,7 +82,7 @@ def _goal_trace(goal: RequestPlan.Goal, rules: GoalRules) -> Trace | None:
     return trace
 
 
-def _goal_tuf(goal: RequestPlan.Goal, category: str, rules: GoalRules) -> TUF:
+def _goal_tuf(goal: Goal, category: str, rules: GoalRules) -> TUF:
     if goal.tuf_ert == goal.tuf_alpha == goal.tuf_beta == 0.0:
         return rules.default_tufs[category]
     try:

@@ -59,10 +59,11 @@ from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.goals import MAX_ID_CHARS, GoalRules, plan_from_goal
-from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall
+from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_server_qos
 from timely_llm.ros.reports import ReportBook
+from timely_llm.ros.topic_requests import TopicRequests
 from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.workloads.traces import load_catalog
 
@@ -161,6 +162,7 @@ class TimelyLlmNode(LifecycleNode):
                                     cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
                                     result_timeout=float(self._param("result_timeout")), **action_server_qos())
         self._outbox_ready = self.create_guard_condition(self._guarded(self._drain_outbox), callback_group=goals)
+        self._topics = TopicRequests(self, self._start_topic_request, goals)
         self.create_subscription(SegmentDone, "segment_done", self._guarded(self._on_segment_done), DEEP_RELIABLE,
                                  callback_group=MutuallyExclusiveCallbackGroup())
         self._status_pub = self.create_lifecycle_publisher(ServerStatus, "status", SERVER_STATUS_QOS)
@@ -434,6 +436,14 @@ class TimelyLlmNode(LifecycleNode):
             return
         self._send(functools.partial(self._submit, dataclasses.replace(plan, id=request_id, arrival=self.clock.now())))
 
+    def _start_topic_request(self, request: TaskRequest, request_id: str) -> None:
+        """Serve a task request from the topic as a goal is served; RequestRejected says why it cannot be."""
+        self._check_serving()
+        plan = plan_from_goal(request, request_id, self._rules)
+        with self._lock:
+            self._reports.open(request_id, request.agent_id)
+        self._send(functools.partial(self._submit, dataclasses.replace(plan, arrival=self.clock.now())))
+
     def _on_cancel(self, goal_handle) -> CancelResponse:  # noqa: ANN001 - rclpy ServerGoalHandle
         request_id = goal_handle.goal_id.uuid.tobytes().hex()
         with self._lock:
@@ -452,6 +462,8 @@ class TimelyLlmNode(LifecycleNode):
                 self.get_logger().error(f"could not deliver to goal {request_id}: {exc!r}")
 
     def _deliver(self, request_id: str, item: object) -> None:
+        if self._topics.deliver(request_id, item):
+            return
         if isinstance(item, RequestPlan.Feedback):
             goal_handle = self._goals.get(request_id)
             if goal_handle is not None:
@@ -489,6 +501,7 @@ class TimelyLlmNode(LifecycleNode):
     # ----- robots, watchdog and status -----
 
     def _on_segment_done(self, report: SegmentDone) -> None:
+        report = self._topics.to_node(report)
         now = self.clock.now()
         with self._lock:
             refused = self._reports.take(report, now)
