@@ -5,9 +5,15 @@ reason, goals that need no execution reports, namespaced fleets, /diagnostics an
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from builtin_interfaces.msg import Time as TimeMsg
@@ -135,6 +141,70 @@ def test_a_failed_configure_leaves_the_node_unconfigured_and_able_to_configure_a
             robot.close()
         assert outcome.status == "succeeded"
         assert node.lifecycle_state == "active"
+
+
+def test_a_shutdown_during_the_load_gives_it_up(session: tuple) -> None:
+    context, executor = session
+    loaded = threading.Event()
+    node = SlowLoadNode(loaded, context=context)
+    executor.add_node(node)
+    try:
+        wait_until(lambda: node.lifecycle_state == "configuring", TIMEOUT_S, "autostart's configure")
+        began = time.monotonic()
+        node.shutdown()
+        assert node.finalized.is_set() and time.monotonic() - began < 10.0
+        assert node.lifecycle_state == "finalized"
+        with pytest.raises(NodeStartError):
+            node.wait_active(1.0)
+    finally:
+        loaded.set()
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+@contextmanager
+def node_process(domain: int, log: Path, *overrides: str) -> Iterator[subprocess.Popen]:
+    """``python -m timely_llm.ros.node`` on ``domain``; SIGINT at the end, and it must exit 0."""
+    args = [a for o in overrides for a in ("-p", o)]
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "timely_llm.ros.node", "--ros-args", *args],
+                                   env=os.environ | {"ROS_DOMAIN_ID": str(domain)}, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        yield process
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60.0) == 0, log.read_text()[-4000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.vllm
+def test_get_state_answers_while_vllm_loads_and_a_bad_model_leaves_the_node_alive(
+        session: tuple, link: PlanLink, ros_domain: int, tmp_path: Path) -> None:
+    get_state = link.node.create_client(GetState, "/timely_llm_server/get_state")
+    with node_process(ros_domain, tmp_path / "bad.log", "engine:=vllm", "model:=/nonexistent/model") as process:
+        assert get_state.wait_for_service(TIMEOUT_S)
+        wait_until(lambda: "configure failed" in (tmp_path / "bad.log").read_text(), 600.0, "the failed configure")
+        assert _state(link.node, "/timely_llm_server") == "unconfigured" and process.poll() is None
+        assert not _change(link.node, "/timely_llm_server", Transition.TRANSITION_CONFIGURE)  # tried again
+        assert _state(link.node, "/timely_llm_server") == "unconfigured" and process.poll() is None
+
+    answers: list[tuple[str, float]] = []
+    with node_process(ros_domain, tmp_path / "good.log", "engine:=vllm", "model:=tiny", "kv_cache_gib:=0.25"):
+        assert get_state.wait_for_service(TIMEOUT_S)
+        deadline = time.monotonic() + 900.0
+        while not answers or answers[-1][0] != "active":
+            assert time.monotonic() < deadline, (tmp_path / "good.log").read_text()[-4000:]
+            asked = time.monotonic()
+            future = get_state.call_async(GetState.Request())
+            wait_until(future.done, 30.0, "get_state")
+            answers.append((future.result().current_state.label, time.monotonic() - asked))
+            time.sleep(0.5)
+    loading = [seconds for label, seconds in answers if label == "configuring"]
+    print(f"get_state during the vLLM load: {len(loading)} answers, slowest {max(loading):.3f} s")
+    assert len(loading) >= 10 and max(loading) < ANSWER_S, answers
 
 
 # ----- parameters -----

@@ -183,14 +183,10 @@ class TimelyLlmNode(LifecycleNode):
 
         self._transitions = MutuallyExclusiveCallbackGroup()  # ChangeState and autostart: may wait for the engine
         self._regroup_lifecycle_services()
-        goals = MutuallyExclusiveCallbackGroup()  # goal, cancel and result requests and the outbox: one at a time
-        self._action = ActionServer(self, RequestPlan, "request_plan", execute_callback=self._conclude,
-                                    callback_group=goals,
-                                    goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
-                                    handle_accepted_callback=self._guarded(self._on_accepted),
-                                    cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
-                                    result_timeout=float(self._param("result_timeout")), **action_server_qos())
-        self._outbox_ready = self.create_guard_condition(self._guarded(self._drain_outbox), callback_group=goals)
+        self._goals_group = MutuallyExclusiveCallbackGroup()  # goal, cancel, result requests, outbox: one at a time
+        self._action: ActionServer | None = None
+        self._outbox_ready = self.create_guard_condition(self._guarded(self._drain_outbox),
+                                                         callback_group=self._goals_group)
         self.create_subscription(SegmentDone, "segment_done", self._guarded(self._on_segment_done), DEEP_RELIABLE,
                                  callback_group=MutuallyExclusiveCallbackGroup())
         self._status_pub = self.create_lifecycle_publisher(ServerStatus, "status", SERVER_STATUS_QOS)
@@ -207,6 +203,7 @@ class TimelyLlmNode(LifecycleNode):
         if self._param("autostart"):
             self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self._transitions)
         else:
+            self._open_action_server()
             self._started.set()
 
     # ----- setup -----
@@ -269,6 +266,16 @@ class TimelyLlmNode(LifecycleNode):
             except ConfigError as exc:
                 raise NodeStartError(str(exc)) from exc
 
+    def _open_action_server(self) -> None:
+        """``request_plan``. With ``autostart`` it opens once autostart has run, so a client that waits for the
+        action server (as most do) finds the node active, not still loading its engine."""
+        self._action = ActionServer(self, RequestPlan, "request_plan", execute_callback=self._conclude,
+                                    callback_group=self._goals_group,
+                                    goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
+                                    handle_accepted_callback=self._guarded(self._on_accepted),
+                                    cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
+                                    result_timeout=float(self._param("result_timeout")), **action_server_qos())
+
     def _autostart(self) -> None:
         """Configure and activate once the node spins (a one-shot timer in the transitions' callback group)."""
         self._autostart_timer.cancel()
@@ -283,6 +290,8 @@ class TimelyLlmNode(LifecycleNode):
                 elif self._shutting_down.is_set() or self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
                     self._start_error = "activate failed"
         finally:
+            if not self._shutting_down.is_set():
+                self._open_action_server()
             self._started.set()
 
     def wait_active(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -494,7 +503,8 @@ class TimelyLlmNode(LifecycleNode):
             self.get_logger().warning(f"shutdown not final after {timeout_s} s")
 
     def destroy_node(self) -> None:
-        self._action.destroy()
+        if self._action is not None:
+            self._action.destroy()
         super().destroy_node()
 
     def _finalize(self) -> None:
