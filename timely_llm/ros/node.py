@@ -289,6 +289,9 @@ class TimelyLlmNode(LifecycleNode):
                                             "(set its parameters and configure it again)")
                 elif self._shutting_down.is_set() or self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
                     self._start_error = "activate failed"
+        except Exception as exc:  # noqa: BLE001 - raised into the executor, it would stop spinning
+            self._start_error = f"autostart failed: {exc!r}"
+            self.get_logger().error(self._start_error)
         finally:
             if not self._shutting_down.is_set():
                 self._open_action_server()
