@@ -212,7 +212,7 @@ def test_get_state_answers_while_vllm_loads_and_a_bad_model_leaves_the_node_aliv
 def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link: PlanLink) -> None:
     statuses: list[ServerStatus] = []
     link.node.create_subscription(ServerStatus, "status", statuses.append, SERVER_STATUS_QOS)
-    with server_node(session[1], session[0], status_period=0.2):
+    with server_node(session[1], session[0], status_period=0.2) as node:
         params = AsyncParameterClient(link.node, "/timely_llm_server")
         assert params.wait_for_services(TIMEOUT_S)
 
@@ -234,6 +234,8 @@ def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link
         seen = len(statuses)
         wait_until(lambda: any(s.policy == "fcfs" for s in statuses[seen:]), TIMEOUT_S, "status with policy fcfs")
         assert set_one("tuf.normal.ert", 0.75).successful
+        assert node._rules.default_tufs["normal"].ert == 0.75  # noqa: SLF001 - the next goal's default TUF
+        assert node.server.policy.name == "fcfs" and node.get_parameter("engine").value == "sim"  # noqa: SLF001
 
 
 def test_every_vllm_parameter_is_configure_time() -> None:
