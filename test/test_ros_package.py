@@ -30,6 +30,7 @@ from rclpy.qos import QoSProfile
 from rosgraph_msgs.msg import Clock
 
 from timely_llm.core.skills import load_skill_models
+from timely_llm.ros.diagnostics import Snapshot, level_of
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
 from timely_llm.ros.node import NodeStartError, TimelyLlmNode
@@ -319,6 +320,24 @@ def test_diagnostics_report_state_at_1_hz_with_levels(session: tuple, link: Plan
     assert last.level == DiagnosticStatus.OK and values["lifecycle state"] == "active"
     assert values["engine"] == "sim" and values["policy"] == "timelyllm" and int(values["batch cap"]) > 0
     assert {"queue", "running", "executing", "last step time (s)", "KV free blocks", "device", "model"} <= set(values)
+
+
+@pytest.mark.parametrize(("change", "level", "says"), [
+    ({}, DiagnosticStatus.OK, "active"),
+    ({"lifecycle": "unconfigured", "failed": True, "phase": "configure failed: no model"}, DiagnosticStatus.ERROR,
+     "no model"),
+    ({"loop_alive": False}, DiagnosticStatus.ERROR, "server loop stopped"),
+    ({"lifecycle": "configuring", "phase": "configuring: loading engine vllm (40 s)"}, DiagnosticStatus.WARN,
+     "40 s"),
+    ({"queue": 33}, DiagnosticStatus.WARN, "queue of 33"),
+    ({"last_step_s": 2.5}, DiagnosticStatus.WARN, "slow engine step"),
+])
+def test_diagnostic_levels_say_why(change: dict, level: bytes, says: str) -> None:
+    snapshot = Snapshot(node="/n", lifecycle="active", phase="active: accepting goals", batch_cap=8, queue=32,
+                        last_step_s=0.1)
+    for key, value in change.items():
+        setattr(snapshot, key, value)
+    assert level_of(snapshot)[0] == level and says in level_of(snapshot)[1]
 
 
 def test_segment_times_follow_ros_time(session: tuple, link: PlanLink) -> None:

@@ -19,6 +19,7 @@ class _Awaited:
     est_exec_time: float
     dispatched_at: float
     deadline: float
+    """By when its report must come; for a request without reports, its estimated execution end."""
 
 
 @dataclass
@@ -107,8 +108,10 @@ class ReportBook:
         """(request, first overdue segment) for each request whose robot just missed a deadline (once each)."""
         overdue = []
         for request_id, lane in self._lanes.items():
+            if not lane.reports or lane.overdue:
+                continue
             late = [index for index, s in lane.awaited.items() if now > s.deadline]
-            if late and lane.reports and not lane.overdue:
+            if late:
                 lane.overdue = True
                 overdue.append((request_id, min(late)))
         return overdue
