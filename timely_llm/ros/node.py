@@ -2,8 +2,14 @@
 
 Robots send ``RequestPlan`` goals; each plan segment comes back as feedback the moment
 the server dispatches it, and the result once the robot has reported every segment
-executed (``segment_done`` topic). All scheduling happens in the Server, whose loop
-runs in a thread of its own on the wall clock.
+executed (``segment_done`` topic), or, for a goal with ``no_execution_reports``, once the
+last segment's estimated execution end has passed. All scheduling happens in the Server,
+whose loop runs in a thread of its own on the wall clock.
+
+Parameters have descriptors with ranges; a change at run time applies at once (live ones),
+waits for the next configure (configure-time ones, refused while configured) or is
+refused (read-only): see ``timely_llm.ros.parameters``. ``/diagnostics`` says once a
+second what the node serves with and how loaded it is (``timely_llm.ros.diagnostics``).
 
 No executor thread or task waits on a goal, nor on the server. Executor callbacks check
 and time-stamp what arrives (goals, reports, cancels, watchdog aborts) and queue it in
