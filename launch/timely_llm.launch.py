@@ -5,7 +5,9 @@
 
 Parameters come from ``params_file`` (default: the installed config/timely_llm.yaml); each of engine, policy,
 model and hw_profile given on the command line overrides the file. With ``autostart:=false`` the lifecycle node
-waits unconfigured for its transitions (configure, activate).
+waits unconfigured for its transitions (configure, activate). With ``namespace:=NS`` the node is
+/NS/timely_llm_server and its action and topics are /NS/request_plan, /NS/segment_done, /NS/status; a params file
+keyed ``/**:`` (as the shipped one is) applies there, one keyed ``timely_llm_server:`` would not.
 """
 
 import os

@@ -27,6 +27,8 @@ ROS_WHEELS=(
   ros-jazzy-rosidl-default-runtime
   ros-jazzy-builtin-interfaces
   ros-jazzy-action-msgs
+  ros-jazzy-lifecycle-msgs
+  ros-jazzy-diagnostic-msgs
 )
 # The ros-jazzy-ament-cmake meta wheel does not pull these, so each is named.
 AMENT_CMAKE_WHEELS=(

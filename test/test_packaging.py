@@ -5,7 +5,8 @@
 - A fresh colcon workspace (this checkout in ``src/``, plain ``colcon build``, ``source install/setup.bash``):
   the command line launch_ros builds against the installed executable, and the launch file itself, run the way
   ``ros2 launch`` runs it (the Jazzy ``launch``/``launch_ros`` sources in ../shared/ros2-launch), each serve a goal;
-  with ``autostart:=false`` the launched lifecycle node stays unconfigured.
+  with ``autostart:=false`` the launched lifecycle node stays unconfigured; two launches in two namespaces, each
+  with a user's parameters file, serve their own fleets at once; ``colcon test`` runs the suite (a part of it).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import sys
 import tempfile
 import time
 import typing
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,8 +133,8 @@ def _done_or_past(future: Future, moment: float) -> bool:
     return future.done() or time.monotonic() > moment
 
 
-def _parameters(node: Node, server: Running, names: list[str]) -> dict[str, object]:
-    client = AsyncParameterClient(node, SERVER)
+def _parameters(node: Node, server: Running, names: list[str], name: str = SERVER) -> dict[str, object]:
+    client = AsyncParameterClient(node, name)
     server.wait_for(client.services_are_ready, "parameter services")
     answer = _ask(server, lambda: client.get_parameters(names), "get_parameters answer")
     return {name: _value(v) for name, v in zip(names, answer.values, strict=True)}
@@ -327,3 +329,42 @@ def test_launch_file_without_autostart_leaves_the_node_unconfigured(workspace: W
         state = _ask(server, lambda: get_state.call_async(GetState.Request()), "get_state answer")
         assert state.current_state.label == "unconfigured"
         assert READY_LINE not in server.output()
+
+
+def test_launches_in_two_namespaces_take_their_params_files_and_serve_their_fleets(
+        workspace: Workspace, ros_domain: int, session: tuple, tmp_path: Path) -> None:
+    context, executor = session
+    policies = {"fleet_a": "fcfs", "fleet_b": "edf"}
+    nodes = []
+    with ExitStack() as stack:
+        servers = {}
+        for namespace, policy in policies.items():
+            params = tmp_path / f"{namespace}.yaml"  # a user's file, keyed as the shipped one is
+            params.write_text(f"/**:\n  ros__parameters:\n    policy: {policy}\n    max_new_tokens: 300\n")
+            servers[namespace] = stack.enter_context(
+                _launch(workspace, ros_domain, f"namespace:={namespace}", f"params_file:={params}"))
+        for namespace, server in servers.items():
+            node = Node("robots", namespace=namespace, context=context)
+            executor.add_node(node)
+            nodes.append(node)
+            answer = _parameters(node, server, ["policy", "max_new_tokens"], f"/{namespace}/{SERVER}")
+            assert answer == {"policy": policies[namespace], "max_new_tokens": 300}
+            _serve_one_goal(PlanLink(node), server)
+    for node in nodes:
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+def test_colcon_test_runs_the_suite_against_the_install(workspace: Workspace) -> None:
+    """Narrowed to two small modules here (PYTEST_ADDOPTS): the whole fast part takes many minutes."""
+    env = _venv_env(0, None, PYTEST_ADDOPTS="-k 'test_segmenter or test_tuf_priority'")
+    out = subprocess.run(workspace.sourced("colcon test --packages-select timely_llm --event-handlers console_direct+"),
+                         cwd=workspace.root, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    result = workspace.root / "build" / "timely_llm" / "test_results" / "timely_llm" / "pytest_fast.xunit.xml"
+    suite = ET.parse(result).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert int(suite.get("tests")) >= 10 and suite.get("failures") == suite.get("errors") == "0", ET.tostring(suite)
+    verdict = subprocess.run(workspace.sourced("colcon test-result --all"), cwd=workspace.root, env=env,
+                             capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert verdict.returncode == 0 and "0 errors, 0 failures" in verdict.stdout, verdict.stdout

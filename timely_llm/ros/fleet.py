@@ -47,11 +47,14 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 
 
 @contextmanager
-def server_node(executor: MultiThreadedExecutor, context: Context, **params: object) -> Iterator:
-    """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``."""
-    node = TimelyLlmNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", **params: object) -> Iterator:
+    """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``; active unless ``autostart``
+    is false (NodeStartError if its autostart fails)."""
+    node = TimelyLlmNode(context=context, namespace=namespace,
+                         parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
     executor.add_node(node)
     try:
+        node.wait_active()
         yield node
     finally:
         node.shutdown()  # while still spun, so the goals it aborts get their results

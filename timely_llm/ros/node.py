@@ -2,8 +2,14 @@
 
 Robots send ``RequestPlan`` goals; each plan segment comes back as feedback the moment
 the server dispatches it, and the result once the robot has reported every segment
-executed (``segment_done`` topic). All scheduling happens in the Server, whose loop
-runs in a thread of its own on the wall clock.
+executed (``segment_done`` topic), or, for a goal with ``no_execution_reports``, once the
+last segment's estimated execution end has passed. All scheduling happens in the Server,
+whose loop runs in a thread of its own on the wall clock.
+
+Parameters have descriptors with ranges; a change at run time applies at once (live ones),
+waits for the next configure (configure-time ones, refused while configured) or is
+refused (read-only): see ``timely_llm.ros.parameters``. ``/diagnostics`` says once a
+second what the node serves with and how loaded it is (``timely_llm.ros.diagnostics``).
 
 No executor thread or task waits on a goal, nor on the server. Executor callbacks check
 and time-stamp what arrives (goals, reports, cancels, watchdog aborts) and queue it in
@@ -19,13 +25,18 @@ with 10 messages a second.)
 Lifecycle: configure loads the engine and starts the server loop, activate accepts
 goals, deactivate ends the goals in flight (aborted, "server deactivated"), cleanup
 frees the engine, shutdown aborts what is in flight ("server shutting down") and waits
-briefly for the results to go out. Parameter ``autostart`` (default true) configures and
-activates at construction, so no lifecycle manager is needed.
+briefly for the results to go out. No transition blocks the executor: ChangeState runs
+in a callback group of its own, and a configure waits there while a thread loads the
+engine, so get_state, the parameter services and the status keep answering; a failed
+configure leaves the node unconfigured, with the reason logged and on ``/diagnostics``.
+Parameter ``autostart`` (default true) configures and activates once the node spins (a
+one-shot timer), so no lifecycle manager is needed.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -33,6 +44,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,12 +52,14 @@ from dataclasses import dataclass
 import rclpy
 import rclpy.executors
 from builtin_interfaces.msg import Time as TimeMsg
-from rcl_interfaces.msg import ParameterDescriptor
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.context import Context
 from rclpy.duration import Duration
-from rclpy.exceptions import InvalidHandle
+from rclpy.exceptions import InvalidHandle, InvalidParameterValueException
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
@@ -53,26 +67,30 @@ from rclpy.signals import SignalHandlerOptions
 from timely_llm.clock import WallClock
 from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import Features
+from timely_llm.core.priority import make_policy
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
-from timely_llm.errors import RequestRejected
+from timely_llm.errors import ConfigError, RequestRejected
+from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
 from timely_llm.ros.goals import MAX_ID_CHARS, GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.parameters import descriptor, refuse_while_configured
 from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_server_qos
 from timely_llm.ros.reports import ReportBook
 from timely_llm.ros.topic_requests import TopicRequests
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import POLICIES, PlanRequest, Server, ServingPolicy
 from timely_llm.workloads.traces import load_catalog
 
 IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1
 CATEGORIES = tuple(DEFAULT_TUFS)
-EXECUTOR_THREADS = 5
-"""One per callback group (goals and results, reports, watchdog, status, lifecycle and parameters): no goal holds
-a thread."""
+EXECUTOR_THREADS = 8
+"""One per callback group (goals and results, reports, watchdog, status and diagnostics, lifecycle transitions,
+lifecycle queries, parameters) and one spare: no goal holds a thread, and a configure loading the engine holds
+only the transitions'."""
 SPIN_WAKE_S = 0.1
 """The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
 SHUTDOWN_TIMEOUT_S = 1.5
@@ -80,6 +98,14 @@ SHUTDOWN_TIMEOUT_S = 1.5
 RESULT_FLUSH_S = 0.3
 """... and then this long for rclpy to send them and for result requests still in flight to arrive."""
 MAX_REASON_CHARS = 200
+LOAD_PROGRESS_S = 10.0
+"""While configure loads the engine, progress is logged this often."""
+LOAD_POLL_S = 0.1
+"""A configure waiting for the engine notices a shutdown request within this."""
+DIAGNOSTICS_PERIOD_S = 1.0
+START_TIMEOUT_S = 1800.0
+"""wait_active's default: a vLLM engine start takes minutes on a CPU."""
+PRIMARY_STATES = ("unconfigured", "inactive", "active", "finalized")
 
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
@@ -112,7 +138,7 @@ Command = Callable[[Server], None]
 
 
 class NodeStartError(RuntimeError):
-    """The node could not be configured and activated at startup (autostart)."""
+    """The node cannot start (a parameter out of range, no robot type installed), or its autostart failed."""
 
 
 @dataclass
@@ -137,8 +163,7 @@ class CategoryTotals:
 class TimelyLlmNode(LifecycleNode):
     def __init__(self, **node_kwargs: object) -> None:
         super().__init__("timely_llm_server", **node_kwargs)
-        for name, (default, description) in PARAMETERS.items():
-            self.declare_parameter(name, default, ParameterDescriptor(description=description))
+        self._declare_parameters()
         self.clock = WallClock()
         self.server: Server | None = None
         self._loop: threading.Thread | None = None
@@ -153,25 +178,41 @@ class TimelyLlmNode(LifecycleNode):
         self._inbox: collections.deque[Command] = collections.deque()
         self._outbox: collections.deque[tuple[str, object]] = collections.deque()
         self.finalized = threading.Event()
+        self._transition_lock = threading.RLock()  # one lifecycle transition at a time, from whichever thread
+        self._shutting_down = threading.Event()  # a configure still loading the engine gives up
+        self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor
+        self._phase = "unconfigured"
+        self._configure_error = ""
+        self._start_error = ""
+        self._started = threading.Event()  # autostart has run (or there is none)
+        self._last_step_s = math.nan
+        self._kv_blocks = -1
 
-        goals = MutuallyExclusiveCallbackGroup()  # goal, cancel and result requests and the outbox: one at a time
-        self._action = ActionServer(self, RequestPlan, "request_plan", execute_callback=self._conclude,
-                                    callback_group=goals,
-                                    goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
-                                    handle_accepted_callback=self._guarded(self._on_accepted),
-                                    cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
-                                    result_timeout=float(self._param("result_timeout")), **action_server_qos())
-        self._outbox_ready = self.create_guard_condition(self._guarded(self._drain_outbox), callback_group=goals)
-        self._topics = TopicRequests(self, self._start_topic_request, goals)
+        self._transitions = MutuallyExclusiveCallbackGroup()  # ChangeState and autostart: may wait for the engine
+        self._regroup_lifecycle_services()
+        self._goals_group = MutuallyExclusiveCallbackGroup()  # goal, cancel, result requests, outbox: one at a time
+        self._action: ActionServer | None = None
+        self._outbox_ready = self.create_guard_condition(self._guarded(self._drain_outbox),
+                                                         callback_group=self._goals_group)
+        self._topics = TopicRequests(self, self._start_topic_request, self._goals_group)
         self.create_subscription(SegmentDone, "segment_done", self._guarded(self._on_segment_done), DEEP_RELIABLE,
                                  callback_group=MutuallyExclusiveCallbackGroup())
         self._status_pub = self.create_lifecycle_publisher(ServerStatus, "status", SERVER_STATUS_QOS)
-        self.create_timer(self._param("status_period"), self._guarded(self._publish_status),
-                          callback_group=MutuallyExclusiveCallbackGroup())
+        reporting = MutuallyExclusiveCallbackGroup()
+        self._status_timer = self.create_timer(self._param("status_period"), self._guarded(self._publish_status),
+                                               callback_group=reporting)
+        self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_timer(DIAGNOSTICS_PERIOD_S, self._guarded(self._publish_diagnostics), callback_group=reporting)
         self.create_timer(WATCHDOG_PERIOD_S, self._guarded(self._check_watchdog),
                           callback_group=MutuallyExclusiveCallbackGroup())
+        self.add_on_set_parameters_callback(self._check_parameters)
+        self.add_post_set_parameters_callback(self._guarded(self._apply_parameters))
+        self._check_skill_models()
         if self._param("autostart"):
-            self._autostart()
+            self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self._transitions)
+        else:
+            self._open_action_server()
+            self._started.set()
 
     # ----- setup -----
 
@@ -189,11 +230,108 @@ class TimelyLlmNode(LifecycleNode):
                 return on_error
         return run
 
+    def _declare_parameters(self) -> None:
+        for name, (default, description) in PARAMETERS.items():
+            try:
+                self.declare_parameter(name, default, descriptor(name, description))
+            except InvalidParameterValueException as exc:
+                raise NodeStartError(f"parameter {name}: {exc}") from exc
+
+    def _regroup_lifecycle_services(self) -> None:
+        """ChangeState in the transitions' callback group, the lifecycle queries in one of their own.
+
+        rclpy puts every lifecycle service in the node's default callback group, with the parameter
+        services: a configure loading the engine for minutes would hold get_state and the parameters
+        unanswered. ChangeState is also guarded: rclpy raises an invalid transition's RCLError out of
+        the service callback, which would stop the executor.
+        """
+        queries = MutuallyExclusiveCallbackGroup()
+        for service in self._service_change_state, self._service_get_state, self._service_get_available_states, \
+                self._service_get_available_transitions, self._service_get_transition_graph:
+            group = self._transitions if service is self._service_change_state else queries
+            service.callback_group.entities.discard(weakref.ref(service))
+            service.callback_group = group
+            group.add_entity(service)
+        change_state = self._service_change_state.callback
+
+        def guarded_change_state(request: object, response: object) -> object:
+            with self._transition_lock:
+                try:
+                    return change_state(request, response)
+                except _rclpy.RCLError as exc:
+                    transition = request.transition.label or request.transition.id
+                    self.get_logger().warning(f"refused lifecycle transition {transition!r}: {exc}")
+                    response.success = False
+                    return response
+
+        self._service_change_state.callback = guarded_change_state
+
+    def _check_skill_models(self) -> None:
+        """With no skill_models given, the installation must ship some: else no restart could help."""
+        if not [f for f in self.get_parameter_or("skill_models", Parameter("", value=[])).value or [] if f]:
+            try:
+                load_skill_models()
+            except ConfigError as exc:
+                raise NodeStartError(str(exc)) from exc
+
+    def _open_action_server(self) -> None:
+        """``request_plan``. With ``autostart`` it opens once autostart has run, so a client that waits for the
+        action server (as most do) finds the node active, not still loading its engine."""
+        self._action = ActionServer(self, RequestPlan, "request_plan", execute_callback=self._conclude,
+                                    callback_group=self._goals_group,
+                                    goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
+                                    handle_accepted_callback=self._guarded(self._on_accepted),
+                                    cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
+                                    result_timeout=float(self._param("result_timeout")), **action_server_qos())
+
     def _autostart(self) -> None:
-        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-            raise NodeStartError(f"configure failed: {self._configure_error}")
-        if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
-            raise NodeStartError("activate failed")
+        """Configure and activate once the node spins (a one-shot timer in the transitions' callback group)."""
+        self._autostart_timer.cancel()
+        try:
+            with self._transition_lock:
+                if self._shutting_down.is_set():
+                    self._start_error = "shut down before autostart"
+                elif self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+                    self._start_error = f"configure failed: {self._configure_error}"
+                    self.get_logger().error(f"autostart: {self._start_error}; the node stays unconfigured "
+                                            "(set its parameters and configure it again)")
+                elif self._shutting_down.is_set() or self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
+                    self._start_error = "activate failed"
+        except Exception as exc:  # noqa: BLE001 - raised into the executor, it would stop spinning
+            self._start_error = f"autostart failed: {exc!r}"
+            self.get_logger().error(self._start_error)
+        finally:
+            if not self._shutting_down.is_set():
+                self._open_action_server()
+            self._started.set()
+
+    def wait_active(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until autostart has run; NodeStartError, with the reason, if it did not leave the node active."""
+        if not self._started.wait(timeout_s):
+            raise NodeStartError(f"autostart did not end in {timeout_s} s (is the node spinning?)")
+        if self._start_error:
+            raise NodeStartError(self._start_error)
+
+    def trigger_configure(self) -> TransitionCallbackReturn:
+        with self._transition_lock:
+            return super().trigger_configure()
+
+    def trigger_activate(self) -> TransitionCallbackReturn:
+        with self._transition_lock:
+            return super().trigger_activate()
+
+    def trigger_deactivate(self) -> TransitionCallbackReturn:
+        with self._transition_lock:
+            return super().trigger_deactivate()
+
+    def trigger_cleanup(self) -> TransitionCallbackReturn:
+        with self._transition_lock:
+            return super().trigger_cleanup()
+
+    @property
+    def lifecycle_state(self) -> str:
+        """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
+        return self._state_machine.current_state[1]
 
     def _make_engine(self) -> Engine:
         if self._param("engine") == "vllm":
@@ -246,61 +384,146 @@ class TimelyLlmNode(LifecycleNode):
     # ----- lifecycle -----
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Load the engine in a thread of its own and wait for it here, in the transitions' callback group: the
+        other groups (lifecycle queries, parameters, status) keep answering meanwhile."""
         try:
-            server = self._make_server()
-            self._rules = self._goal_rules(server)
+            server, rules = self._load_server()
         except Exception as exc:  # noqa: BLE001 - any reason is reported and the node stays unconfigured
-            self._configure_error = str(exc)
-            self.get_logger().error(f"configure failed: {exc}")
+            self._configure_error = str(exc) or repr(exc)
+            self._phase = f"configure failed: {self._configure_error}"
+            self.get_logger().error(self._phase)
             return TransitionCallbackReturn.FAILURE
+        self._configure_error = ""
+        self._rules = rules
         self._reports = ReportBook(self._param("segment_timeout_factor"), self._param("segment_timeout_margin"))
         self._engine_name = self._param("engine")
+        self._kv_blocks = server.engine.free_kv_blocks()
+        server.step = self._timed(server.step)
         self.server = server
         self._running = threading.Event()
         self._running.set()
         self._loop = threading.Thread(target=self._serve, args=(server, self._running), name="timely_llm_server_loop",
                                       daemon=True)
         self._loop.start()
+        self._phase = "inactive: configured, not accepting goals"
         self.get_logger().info(f"configured: engine {self._engine_name}, policy {server.policy.name}, "
                                f"robots {', '.join(sorted(server.robots))}")
         return TransitionCallbackReturn.SUCCESS
 
+    def _load_server(self) -> tuple[Server, GoalRules]:
+        """The server and its goal rules, built in a loader thread; logs progress while waiting for it.
+
+        A shutdown requested meanwhile ends the wait (RuntimeError): the loader finishes on its own and its
+        engine is closed then.
+        """
+        loading: concurrent.futures.Future = concurrent.futures.Future()
+        threading.Thread(target=self._build_server, args=(loading,), name="timely_llm_engine_load",
+                         daemon=True).start()
+        began = time.monotonic()
+        what = f"engine {self._param('engine')}" + (f" model {self._param('model')}"
+                                                     if self._param("engine") != "sim" else "")
+        self._phase = f"configuring: loading {what}"
+        self.get_logger().info(f"{self._phase} ...")
+        next_log = began + LOAD_PROGRESS_S
+        while True:
+            try:
+                server, rules = loading.result(timeout=LOAD_POLL_S)
+                break
+            except concurrent.futures.TimeoutError:
+                pass
+            if self._shutting_down.is_set():
+                loading.add_done_callback(_close_loaded)
+                raise RuntimeError("shutdown requested while loading the engine")
+            self._phase = f"configuring: loading {what} ({time.monotonic() - began:.0f} s)"
+            if time.monotonic() >= next_log:
+                self.get_logger().info(f"{self._phase} ...")
+                next_log += LOAD_PROGRESS_S
+        self.get_logger().info(f"{what} loaded in {time.monotonic() - began:.1f} s")
+        return server, rules
+
+    def _build_server(self, loading: concurrent.futures.Future) -> None:
+        """Loader thread: the previous engine released first, then the new server and its goal rules."""
+        try:
+            if self._teardown is not None:
+                self._teardown.join()
+            server = self._make_server()
+            try:
+                loading.set_result((server, self._goal_rules(server)))
+            except BaseException:
+                server.engine.close()
+                raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting configure
+            if not loading.done():
+                loading.set_exception(exc)
+
+    def _timed(self, step: Callable[[], bool]) -> Callable[[], bool]:
+        """``server.step`` timing each engine step it runs, for the diagnostics."""
+        @functools.wraps(step)
+        def timed() -> bool:
+            began = time.monotonic()
+            stepped = step()
+            if stepped:
+                self._last_step_s = time.monotonic() - began
+            return stepped
+        return timed
+
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._serving = True
-        self.get_logger().info("active: accepting goals")
+        self._phase = "active: accepting goals"
+        self.get_logger().info(self._phase)
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stop taking goals and abort those in flight, "server deactivated": a deactivate must answer at once,
+        and draining could take as long as the robots take to execute their plans."""
         self._serving = False
         self._send(functools.partial(self._abort_all, "server deactivated"))
+        self._phase = "inactive: configured, not accepting goals"
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
+        self._release_later()
+        self._phase = "unconfigured"
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Abort what is in flight ("server shutting down"); a thread waits for the results to go out, releases
+        the engine and sets ``finalized`` (the transition itself waits for nothing)."""
         self._serving = False
+        self._shutting_down.set()
         self._send(functools.partial(self._abort_all, "server shutting down"))
-        self._await_results(time.monotonic() + SHUTDOWN_TIMEOUT_S)
-        self._release()
-        self.finalized.set()
+        self._phase = "shutting down"
+        threading.Thread(target=self._finalize, name="timely_llm_finalize", daemon=True).start()
         return TransitionCallbackReturn.SUCCESS
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._serving = False
         self._send(functools.partial(self._abort_all, "server error"))
-        self._release()
+        self._release_later()
+        self._phase = "unconfigured after an error"
         return TransitionCallbackReturn.SUCCESS
 
-    def shutdown(self) -> None:
-        """The lifecycle's shutdown from whatever state the node is in (goals in flight end aborted)."""
-        if not self.finalized.is_set():
-            self.trigger_shutdown()
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S + RESULT_FLUSH_S + 10.0) -> None:
+        """The lifecycle's shutdown from whatever state the node is in (goals in flight end aborted, an engine
+        still loading is given up), then wait until it is final."""
+        self._shutting_down.set()
+        with self._transition_lock:
+            if not self.finalized.is_set() and self.lifecycle_state != "finalized":
+                self.trigger_shutdown()
+        if not self.finalized.wait(timeout_s):
+            self.get_logger().warning(f"shutdown not final after {timeout_s} s")
 
     def destroy_node(self) -> None:
-        self._action.destroy()
+        if self._action is not None:
+            self._action.destroy()
         super().destroy_node()
+
+    def _finalize(self) -> None:
+        self._await_results(time.monotonic() + SHUTDOWN_TIMEOUT_S)
+        self._release_later()
+        if self._teardown is not None:
+            self._teardown.join()
+        self.finalized.set()
 
     def _await_results(self, deadline: float) -> None:
         """Wait until every goal's final state is set, then a moment for rclpy to send the results."""
@@ -311,14 +534,23 @@ class TimelyLlmNode(LifecycleNode):
             time.sleep(0.01)
         time.sleep(RESULT_FLUSH_S)
 
-    def _release(self) -> None:
-        """Stop the server loop (it applies what is left in its inbox first) and free the engine."""
+    def _release_later(self) -> None:
+        """Forget the server now; a thread stops its loop (which applies what is left in its inbox first) and
+        frees the engine. The next configure's loader waits for it."""
         server, self.server = self.server, None
         if server is None:
             return
         self._running.clear()
         self.clock.wake()
-        self._loop.join()
+        loop, previous = self._loop, self._teardown
+        self._teardown = threading.Thread(target=self._release, args=(server, loop, previous),
+                                          name="timely_llm_release", daemon=True)
+        self._teardown.start()
+
+    def _release(self, server: Server, loop: threading.Thread, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()
+        loop.join()
         server.engine.close()
         self.get_logger().info("engine released")
 
@@ -373,7 +605,8 @@ class TimelyLlmNode(LifecycleNode):
         try:
             message = segment_message(request, segment, self._ros_time)
             with self._lock:
-                self._reports.dispatched(request.id, segment.index, segment.est_exec_time, self.clock.now())
+                self._reports.dispatched(request.id, segment.index, segment.est_exec_time, self.clock.now(),
+                                         request.prev_end_est)
         except Exception as exc:  # noqa: BLE001 - this request only, and not in the middle of the step
             reason = f"internal error sending segment {segment.index}: {exc!r}"
             self._send(lambda server: server.abort(request.id, reason))
@@ -427,7 +660,7 @@ class TimelyLlmNode(LifecycleNode):
         checked, self._checked = self._checked, None
         with self._lock:
             self._goals[request_id] = goal_handle
-            self._reports.open(request_id, goal_handle.request.agent_id)
+            self._reports.open(request_id, goal_handle.request.agent_id, not goal_handle.request.no_execution_reports)
         try:
             plan = checked[1] if checked and checked[0] == id(goal_handle.request) else plan_from_goal(
                 goal_handle.request, "", self._rules)
@@ -441,7 +674,7 @@ class TimelyLlmNode(LifecycleNode):
         self._check_serving()
         plan = plan_from_goal(request, request_id, self._rules)
         with self._lock:
-            self._reports.open(request_id, request.agent_id)
+            self._reports.open(request_id, request.agent_id, not request.no_execution_reports)
         self._send(functools.partial(self._submit, dataclasses.replace(plan, arrival=self.clock.now())))
 
     def _on_cancel(self, goal_handle) -> CancelResponse:  # noqa: ANN001 - rclpy ServerGoalHandle
@@ -521,7 +754,10 @@ class TimelyLlmNode(LifecycleNode):
 
     def _check_watchdog(self) -> None:
         with self._lock:
-            overdue = self._reports.expired(self.clock.now())
+            now = self.clock.now()
+            overdue, due = self._reports.expired(now), self._reports.due(now)
+        for request_id, index, start, end in due:  # goals without reports: executed as estimated
+            self._send(functools.partial(_executed, request_id, index, start, end))
         for request_id, index in overdue:
             reason = f"robot did not report segment {index} done in time"
             self.get_logger().warning(f"aborting request {request_id}: {reason}")
@@ -545,6 +781,110 @@ class TimelyLlmNode(LifecycleNode):
             msg.count.append(count)
             msg.mean_utility.append(mean)
         self._status_pub.publish(msg)
+
+
+    # ----- parameters changed at run time -----
+
+    def _check_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        """Refuse what cannot apply now, with the reason (see timely_llm/ros/parameters.py)."""
+        result = refuse_while_configured(params, self.lifecycle_state)
+        if not result.successful:
+            return result
+        for p in params:
+            if p.name == "policy":
+                reason = self._policy_refusal(str(p.value))
+                if reason:
+                    return SetParametersResult(successful=False, reason=f"policy: {reason}")
+        return result
+
+    def _policy_refusal(self, name: str) -> str:
+        if name not in POLICIES:
+            return f"must be one of {', '.join(POLICIES)}, got {name!r}"
+        server = self.server
+        if server is not None and _serving_mode(POLICIES[name]) != _serving_mode(server.policy):
+            return (f"{name} serves in another mode than {server.policy.name} (segmented, streaming, adaptive "
+                    "batch): set it while the node is unconfigured")
+        return ""
+
+    def _apply_parameters(self, params: list[Parameter]) -> None:
+        """Apply live parameters (configure-time ones wait for the next configure)."""
+        names = {p.name for p in params}
+        if self.server is not None and (names & {"max_task_chars", "max_prompt_tokens"}
+                                        or any(n.startswith("tuf.") for n in names)):
+            self._rules = dataclasses.replace(self._rules, **self._live_rules())
+        with self._lock:
+            self._reports.factor = self._param("segment_timeout_factor")
+            self._reports.margin = self._param("segment_timeout_margin")
+        if "status_period" in names:
+            self._status_timer.timer_period_ns = round(self._param("status_period") * 1e9)
+            self._status_timer.reset()
+        if "max_new_tokens" in names:
+            self._send(functools.partial(_set_max_new_tokens, self._param("max_new_tokens")))
+        if "policy" in names:
+            self._send(functools.partial(_use_policy, POLICIES[self._param("policy")]))
+        self.get_logger().info(f"parameters set: {', '.join(sorted(names))}")
+
+    def _live_rules(self) -> dict[str, object]:
+        """The goal rules' fields that follow live parameters."""
+        return {"default_tufs": {c: TUF(*(self._param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta")))
+                                 for c in CATEGORIES},
+                "max_prompt_tokens": self._param("max_prompt_tokens"), "max_task_chars": self._param("max_task_chars")}
+
+    # ----- diagnostics -----
+
+    def _publish_diagnostics(self) -> None:
+        self._diagnostics_pub.publish(diagnostic_array(self._snapshot(), self.get_clock().now().to_msg()))
+
+    def _snapshot(self) -> Snapshot:
+        state = self.lifecycle_state
+        snap = Snapshot(node=self.get_fully_qualified_name(), lifecycle=state,
+                        phase=self._phase if state != "unconfigured" or self._configure_error else "unconfigured",
+                        failed=bool(self._configure_error) and state == "unconfigured",
+                        engine=self._param("engine"), model=self._param("model"), device=self._device(),
+                        policy=self._param("policy"))
+        server = self.server
+        if server is None:
+            return snap
+        with server.lock:
+            snap.queue, snap.running = len(server.queue), len(server.running)
+            snap.policy, snap.batch_cap = server.policy.name, server.batch.max_batch or 0
+            snap.kv_free_blocks, snap.kv_blocks = server.engine.free_kv_blocks(), self._kv_blocks
+        with self._lock:
+            snap.executing = self._reports.executing()
+        snap.last_step_s = self._last_step_s
+        snap.loop_alive = self._loop is not None and self._loop.is_alive()
+        return snap
+
+    def _device(self) -> str:
+        if self._param("engine") == "sim":
+            return f"simulated ({self._param('hw_profile')})"
+        engine = self.server.engine if self.server is not None else None
+        return str(getattr(engine, "device", "") or "")
+
+
+def _serving_mode(policy: ServingPolicy) -> tuple[bool, bool, bool]:
+    return policy.segmented, policy.streaming, policy.adaptive_batch
+
+
+def _use_policy(policy: ServingPolicy, server: Server) -> None:
+    """Another policy of the same serving mode: only the queue's order (and vLLM-priority's engine priority) differ,
+    so switching between engine steps is safe for the requests in flight."""
+    server.policy = policy
+    server.queue.policy = make_policy(policy.priority, server.network_latency)
+
+
+def _set_max_new_tokens(value: int, server: Server) -> None:
+    server.default_max_new_tokens = value
+
+
+def _close_loaded(loading: concurrent.futures.Future) -> None:
+    """A loader's server nobody waits for any more: its engine is closed."""
+    if not loading.cancelled() and loading.exception() is None:
+        loading.result()[0].engine.close()
+
+
+def _executed(request_id: str, index: int, exec_start: float, exec_end: float, server: Server) -> None:
+    server.segment_done(request_id, index, exec_start, exec_end)
 
 
 def _abort(request_id: str, reason: str, server: Server) -> None:
@@ -621,7 +961,8 @@ def main(args: list[str] | None = None) -> int:
 
     On a signal the node goes through its lifecycle shutdown: every goal in flight ends
     ABORTED ("server shutting down") and its client gets the result, the engine is
-    released, and the process exits 0. Exit code 1 if the node cannot start.
+    released, and the process exits 0. Exit code 1 if the node cannot start (a parameter out
+    of its range, no robot type installed); a configure that fails leaves it running, unconfigured.
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()

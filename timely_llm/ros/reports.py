@@ -19,11 +19,15 @@ class _Awaited:
     est_exec_time: float
     dispatched_at: float
     deadline: float
+    """By when its report must come; for a request without reports, its estimated execution end."""
 
 
 @dataclass
 class _Lane:
     agent: str
+    reports: bool = True
+    """False: the client sends no SegmentDone (goal no_execution_reports); each segment counts as executed at
+    its estimated end, which ``due`` hands out, and no deadline applies."""
     dispatched: int = 0
     awaited: dict[int, _Awaited] = field(default_factory=dict)
     """By segment index, in dispatch order."""
@@ -40,14 +44,17 @@ class ReportBook:
     counted from its dispatch; a report moves the deadlines of the segments after it (never
     before it) to count from the report. Each segment is cleared only by its own report, so
     a robot that skips one is caught however it reports the others.
+
+    A request opened without reports has no deadlines: its segments fall ``due`` at their estimated
+    execution end instead, as if reported then.
     """
 
     factor: float
     margin: float
     _lanes: dict[str, _Lane] = field(default_factory=dict)
 
-    def open(self, request_id: str, agent: str) -> None:
-        self._lanes[request_id] = _Lane(agent)
+    def open(self, request_id: str, agent: str, reports: bool = True) -> None:
+        self._lanes[request_id] = _Lane(agent, reports)
 
     def close(self, request_id: str) -> None:
         self._lanes.pop(request_id, None)
@@ -58,11 +65,15 @@ class ReportBook:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._lanes
 
-    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: float) -> None:
+    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: float, est_end: float) -> None:
+        """Segment ``index`` went out at ``now``; ``est_end``: when it is estimated to be executed."""
         lane = self._lanes.get(request_id)
         if lane is None:
             return
         lane.dispatched = index + 1
+        if not lane.reports:
+            lane.awaited[index] = _Awaited(est_exec_time, now, est_end)
+            return
         ahead = math.fsum(s.est_exec_time for s in lane.awaited.values()) + est_exec_time
         lane.awaited[index] = _Awaited(est_exec_time, now, now + self.factor * ahead + self.margin)
 
@@ -73,6 +84,8 @@ class ReportBook:
             return "no such goal in flight"
         if report.agent_id != lane.agent:
             return f"agent {report.agent_id[:MAX_ID_CHARS]!r} did not send this goal"
+        if not lane.reports:
+            return "the goal was sent with no_execution_reports"
         if report.index >= lane.dispatched:
             return f"segment {report.index} was not dispatched ({lane.dispatched} so far)"
         segment = lane.awaited.get(report.index)
@@ -95,11 +108,25 @@ class ReportBook:
         """(request, first overdue segment) for each request whose robot just missed a deadline (once each)."""
         overdue = []
         for request_id, lane in self._lanes.items():
+            if not lane.reports or lane.overdue:
+                continue
             late = [index for index, s in lane.awaited.items() if now > s.deadline]
-            if late and not lane.overdue:
+            if late:
                 lane.overdue = True
                 overdue.append((request_id, min(late)))
         return overdue
+
+    def due(self, now: float) -> list[tuple[str, int, float, float]]:
+        """(request, segment, estimated execution start, end) of each segment of a request without reports whose
+        estimated end has passed; each is handed out once."""
+        due = []
+        for request_id, lane in self._lanes.items():
+            if lane.reports:
+                continue
+            for index in [i for i, s in lane.awaited.items() if now >= s.deadline]:
+                segment = lane.awaited.pop(index)
+                due.append((request_id, index, segment.deadline - segment.est_exec_time, segment.deadline))
+        return due
 
     def executing(self) -> int:
         """Requests with a dispatched segment their robot has not reported yet."""

@@ -1,0 +1,368 @@
+"""What a ROS 2 engineer meets adopting the node, over real rclpy and Fast DDS on the sim engine: a lifecycle
+that answers while the engine loads and survives a failed configure, parameters that apply or are refused with a
+reason, goals that need no execution reports, namespaced fleets, /diagnostics and ROS time."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from builtin_interfaces.msg import Time as TimeMsg
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from guards import wait_until
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rclpy.action import ActionClient
+from rclpy.lifecycle import TransitionCallbackReturn
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.parameter_client import AsyncParameterClient
+from rclpy.qos import QoSProfile
+from rosgraph_msgs.msg import Clock
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.ros.diagnostics import Snapshot, level_of
+from timely_llm.ros.fleet import server_node
+from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
+from timely_llm.ros.node import NodeStartError, TimelyLlmNode
+from timely_llm.ros.parameters import when_applied
+from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
+from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
+from timely_llm.server import Server
+from timely_llm.workloads.traces import load_catalog
+
+pytestmark = pytest.mark.ros
+
+CATALOG = load_catalog()
+SKILLS = load_skill_models()
+TIMEOUT_S = 60.0
+ANSWER_S = 2.0
+"""The acceptance bound: a lifecycle or parameter query answers within this while the engine loads."""
+TELLO_TRACE = 1
+
+
+@contextmanager
+def client_node(session: tuple, name: str = "package_test", namespace: str = "") -> Iterator[Node]:
+    context, executor = session
+    node = Node(name, namespace=namespace, context=context)
+    executor.add_node(node)
+    try:
+        yield node
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+def answered(future: object, timeout_s: float, what: str) -> object:
+    wait_until(future.done, timeout_s, what)
+    return future.result()
+
+
+class SlowLoadNode(TimelyLlmNode):
+    """The node whose engine load takes until the test says (a vLLM start takes minutes): the real load runs then."""
+
+    def __init__(self, loaded: threading.Event, **kwargs: object) -> None:
+        self.loaded = loaded
+        super().__init__(**kwargs)
+
+    def _make_server(self) -> Server:
+        self.loaded.wait(TIMEOUT_S)
+        return super()._make_server()
+
+
+def _state(node: Node, server: str) -> str:
+    client = node.create_client(GetState, f"{server}/get_state")
+    assert client.wait_for_service(TIMEOUT_S)
+    return answered(client.call_async(GetState.Request()), ANSWER_S, "get_state").current_state.label
+
+
+def _change(node: Node, server: str, transition: int) -> bool:
+    client = node.create_client(ChangeState, f"{server}/change_state")
+    assert client.wait_for_service(TIMEOUT_S)
+    request = ChangeState.Request(transition=Transition(id=transition))
+    return answered(client.call_async(request), TIMEOUT_S, "change_state").success
+
+
+# ----- lifecycle -----
+
+def test_lifecycle_and_parameter_services_answer_while_the_engine_loads(session: tuple) -> None:
+    context, executor = session
+    loaded = threading.Event()
+    node = SlowLoadNode(loaded, context=context)
+    executor.add_node(node)
+    try:
+        with client_node(session) as client:
+            wait_until(lambda: node.lifecycle_state == "configuring", TIMEOUT_S, "autostart's configure")
+            for _ in range(3):  # each answered within ANSWER_S while the load goes on
+                assert _state(client, "/timely_llm_server") == "configuring"
+                params = AsyncParameterClient(client, "/timely_llm_server")
+                assert params.wait_for_services(TIMEOUT_S)
+                values = answered(params.get_parameters(["policy"]), ANSWER_S, "get_parameters").values
+                assert values[0].string_value == "timelyllm"
+            loaded.set()
+            node.wait_active(TIMEOUT_S)
+            assert _state(client, "/timely_llm_server") == "active"
+    finally:
+        loaded.set()
+        node.shutdown()
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+def test_a_failed_configure_leaves_the_node_unconfigured_and_able_to_configure_again(session: tuple,
+                                                                                    link: PlanLink) -> None:
+    with pytest.raises(NodeStartError, match="no-such-profile"), \
+            server_node(session[1], session[0], hw_profile="no-such-profile") as node:
+        pass
+    with server_node(session[1], session[0], autostart=False, hw_profile="no-such-profile") as node:
+        server = "/timely_llm_server"
+        assert not _change(link.node, server, Transition.TRANSITION_CONFIGURE)
+        assert _state(link.node, server) == "unconfigured"
+        assert not _change(link.node, server, Transition.TRANSITION_ACTIVATE)  # not from unconfigured: refused
+        params = AsyncParameterClient(link.node, server)
+        assert params.wait_for_services(TIMEOUT_S)
+        result = answered(params.set_parameters([Parameter("hw_profile", value="rtx4090-llama3-8b")]),
+                          TIMEOUT_S, "set_parameters").results[0]
+        assert result.successful, result.reason
+        assert _change(link.node, server, Transition.TRANSITION_CONFIGURE)
+        assert _change(link.node, server, Transition.TRANSITION_ACTIVATE)
+        robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+        try:
+            outcome = robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE).wait(TIMEOUT_S)
+        finally:
+            robot.close()
+        assert outcome.status == "succeeded"
+        assert node.lifecycle_state == "active"
+
+
+def test_a_shutdown_during_the_load_gives_it_up(session: tuple) -> None:
+    context, executor = session
+    loaded = threading.Event()
+    node = SlowLoadNode(loaded, context=context)
+    executor.add_node(node)
+    try:
+        wait_until(lambda: node.lifecycle_state == "configuring", TIMEOUT_S, "autostart's configure")
+        began = time.monotonic()
+        node.shutdown()
+        assert node.finalized.is_set() and time.monotonic() - began < 10.0
+        assert node.lifecycle_state == "finalized"
+        with pytest.raises(NodeStartError):
+            node.wait_active(1.0)
+    finally:
+        loaded.set()
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+@contextmanager
+def node_process(domain: int, log: Path, *overrides: str) -> Iterator[subprocess.Popen]:
+    """``python -m timely_llm.ros.node`` on ``domain``; SIGINT at the end, and it must exit 0."""
+    args = [a for o in overrides for a in ("-p", o)]
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "timely_llm.ros.node", "--ros-args", *args],
+                                   env=os.environ | {"ROS_DOMAIN_ID": str(domain)}, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        yield process
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60.0) == 0, log.read_text()[-4000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.vllm
+def test_get_state_answers_while_vllm_loads_and_a_bad_model_leaves_the_node_alive(
+        session: tuple, link: PlanLink, ros_domain: int, tmp_path: Path) -> None:
+    get_state = link.node.create_client(GetState, "/timely_llm_server/get_state")
+    with node_process(ros_domain, tmp_path / "bad.log", "engine:=vllm", "model:=/nonexistent/model") as process:
+        assert get_state.wait_for_service(TIMEOUT_S)
+        wait_until(lambda: "configure failed" in (tmp_path / "bad.log").read_text(), 600.0, "the failed configure")
+        assert _state(link.node, "/timely_llm_server") == "unconfigured" and process.poll() is None
+        assert not _change(link.node, "/timely_llm_server", Transition.TRANSITION_CONFIGURE)  # tried again
+        assert _state(link.node, "/timely_llm_server") == "unconfigured" and process.poll() is None
+
+    answers: list[tuple[str, float]] = []
+    with node_process(ros_domain, tmp_path / "good.log", "engine:=vllm", "model:=tiny", "kv_cache_gib:=0.25"):
+        assert get_state.wait_for_service(TIMEOUT_S)
+        deadline = time.monotonic() + 900.0
+        while not answers or answers[-1][0] != "active":
+            assert time.monotonic() < deadline, (tmp_path / "good.log").read_text()[-4000:]
+            asked = time.monotonic()
+            future = get_state.call_async(GetState.Request())
+            wait_until(future.done, 30.0, "get_state")
+            answers.append((future.result().current_state.label, time.monotonic() - asked))
+            time.sleep(0.5)
+    loading = [seconds for label, seconds in answers if label == "configuring"]
+    print(f"get_state during the vLLM load: {len(loading)} answers, slowest {max(loading):.3f} s")
+    assert len(loading) >= 10 and max(loading) < ANSWER_S, answers
+
+
+# ----- parameters -----
+
+def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link: PlanLink) -> None:
+    statuses: list[ServerStatus] = []
+    link.node.create_subscription(ServerStatus, "status", statuses.append, SERVER_STATUS_QOS)
+    with server_node(session[1], session[0], status_period=0.2) as node:
+        params = AsyncParameterClient(link.node, "/timely_llm_server")
+        assert params.wait_for_services(TIMEOUT_S)
+
+        def set_one(name: str, value: object) -> object:
+            return answered(params.set_parameters([Parameter(name, value=value)]), TIMEOUT_S, name).results[0]
+
+        refused = {f"{name}={value}": set_one(name, value) for name, value in (
+            ("result_timeout", 5.0), ("engine", "vllm"), ("max_batch", 8), ("max_new_tokens", 0),
+            ("policy", "vllm"), ("policy", "nonsense"))}
+        assert not any(r.successful for r in refused.values()), refused
+        assert "read-only" in refused["result_timeout=5.0"].reason
+        assert "configure-time" in refused["engine=vllm"].reason and "clean up" in refused["engine=vllm"].reason
+        assert "configure-time" in refused["max_batch=8"].reason
+        assert "range" in refused["max_new_tokens=0"].reason
+        assert "another mode" in refused["policy=vllm"].reason
+        assert "must be one of" in refused["policy=nonsense"].reason
+
+        assert set_one("policy", "fcfs").successful
+        seen = len(statuses)
+        wait_until(lambda: any(s.policy == "fcfs" for s in statuses[seen:]), TIMEOUT_S, "status with policy fcfs")
+        assert set_one("tuf.normal.ert", 0.75).successful
+        assert node._rules.default_tufs["normal"].ert == 0.75  # noqa: SLF001 - the next goal's default TUF
+        assert node.server.policy.name == "fcfs" and node.get_parameter("engine").value == "sim"  # noqa: SLF001
+
+
+def test_every_vllm_parameter_is_configure_time() -> None:
+    assert when_applied("vllm.gpu_memory_utilization") == when_applied("engine") == "configure-time"
+    assert when_applied("tuf.urgent.ert") == when_applied("policy") == "live"
+
+
+def test_a_lowered_timeout_applies_to_the_next_goal(session: tuple, robots: Callable) -> None:
+    with server_node(session[1], session[0], segment_timeout_margin=600.0) as node:
+        node.set_parameters([Parameter("segment_timeout_factor", value=0.0),
+                             Parameter("segment_timeout_margin", value=0.5)])
+        outcome = robots("mute", report=False).request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE)
+        assert outcome.wait(TIMEOUT_S).status == "aborted"
+    assert "did not report segment 0" in outcome.result.reason
+
+
+# ----- goals without execution reports -----
+
+def test_a_goal_without_execution_reports_succeeds_with_its_plan(session: tuple, link: PlanLink) -> None:
+    """The goal `ros2 action send_goal /request_plan timely_llm/action/RequestPlan "{...}" --feedback` sends:
+    a plain action client, no SegmentDone ever published."""
+    reports: list[SegmentDone] = []
+    link.node.create_subscription(SegmentDone, "segment_done", reports.append, DEEP_RELIABLE)
+    client = ActionClient(link.node, RequestPlan, "request_plan", **action_client_qos())
+    with server_node(session[1], session[0], segment_timeout_factor=0.0, segment_timeout_margin=0.01):
+        assert client.wait_for_server(TIMEOUT_S)
+        feedback: list[RequestPlan.Feedback] = []
+        goal = RequestPlan.Goal(agent_id="cli", robot_type="tello", task=CATALOG[TELLO_TRACE].prompt,
+                                trace_id=TELLO_TRACE, no_execution_reports=True)
+        handle = answered(client.send_goal_async(goal, feedback_callback=lambda m: feedback.append(m.feedback)),
+                          TIMEOUT_S, "goal response")
+        assert handle.accepted
+        result = answered(handle.get_result_async(), TIMEOUT_S, "result").result
+    client.destroy()
+    assert result.status == "succeeded", result.reason
+    assert result.plan == CATALOG[TELLO_TRACE].plan and result.num_segments == len(feedback) > 1
+    assert math.isfinite(result.response_time) and not reports
+
+
+# ----- namespaces -----
+
+def test_two_namespaced_nodes_serve_their_own_fleets_at_once(session: tuple) -> None:
+    context, executor = session
+    with server_node(executor, context, namespace="fleet_a", policy="fcfs") as a, \
+            server_node(executor, context, namespace="fleet_b", policy="edf") as b, \
+            client_node(session, "robots", "fleet_a") as node_a, client_node(session, "robots", "fleet_b") as node_b:
+        fleets = {"fleet_a": PlanLink(node_a), "fleet_b": PlanLink(node_b)}
+        made = [RobotClient(link, f"{ns}-tello-{i}", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+                for ns, link in fleets.items() for i in range(2)]
+        try:
+            outcomes = [robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE) for robot in made]
+            assert [o.wait(TIMEOUT_S).status for o in outcomes] == ["succeeded"] * 4
+        finally:
+            for robot in made:
+                robot.close()
+        assert (a.get_fully_qualified_name(), b.get_fully_qualified_name()) == ("/fleet_a/timely_llm_server",
+                                                                                 "/fleet_b/timely_llm_server")
+        assert a._finished == b._finished == 2  # noqa: SLF001 - each served its own fleet's two goals
+
+
+# ----- /diagnostics and ROS time -----
+
+def test_diagnostics_report_state_at_1_hz_with_levels(session: tuple, link: PlanLink) -> None:
+    arrays: list[DiagnosticArray] = []
+    link.node.create_subscription(DiagnosticArray, "/diagnostics", arrays.append, QoSProfile(depth=50))
+
+    def ours() -> list:
+        return [s for a in arrays for s in a.status if s.hardware_id == "/timely_llm_server"]
+
+    with server_node(session[1], session[0], autostart=False, hw_profile="no-such-profile") as node:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        wait_until(lambda: ours() and ours()[-1].level == DiagnosticStatus.ERROR, TIMEOUT_S, "ERROR status")
+        assert "no-such-profile" in ours()[-1].message
+        node.set_parameters([Parameter("hw_profile", value="rtx4090-llama3-8b")])
+        assert node.trigger_configure() == node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        seen = len(ours())
+        wait_until(lambda: len(ours()) >= seen + 3, 3 * 2.0 + 5.0, "three more statuses")
+        last = ours()[-1]
+    values = {kv.key: kv.value for kv in last.values}
+    assert last.level == DiagnosticStatus.OK and values["lifecycle state"] == "active"
+    assert values["engine"] == "sim" and values["policy"] == "timelyllm" and int(values["batch cap"]) > 0
+    assert {"queue", "running", "executing", "last step time (s)", "KV free blocks", "device", "model"} <= set(values)
+
+
+@pytest.mark.parametrize(("change", "level", "says"), [
+    ({}, DiagnosticStatus.OK, "active"),
+    ({"lifecycle": "unconfigured", "failed": True, "phase": "configure failed: no model"}, DiagnosticStatus.ERROR,
+     "no model"),
+    ({"loop_alive": False}, DiagnosticStatus.ERROR, "server loop stopped"),
+    ({"lifecycle": "configuring", "phase": "configuring: loading engine vllm (40 s)"}, DiagnosticStatus.WARN,
+     "40 s"),
+    ({"queue": 33}, DiagnosticStatus.WARN, "queue of 33"),
+    ({"last_step_s": 2.5}, DiagnosticStatus.WARN, "slow engine step"),
+])
+def test_diagnostic_levels_say_why(change: dict, level: bytes, says: str) -> None:
+    snapshot = Snapshot(node="/n", lifecycle="active", phase="active: accepting goals", batch_cap=8, queue=32,
+                        last_step_s=0.1)
+    for key, value in change.items():
+        setattr(snapshot, key, value)
+    assert level_of(snapshot)[0] == level and says in level_of(snapshot)[1]
+
+
+def test_segment_times_follow_ros_time(session: tuple, link: PlanLink) -> None:
+    """use_sim_time: segment and status stamps come from /clock, not the wall clock."""
+    clock_pub = link.node.create_publisher(Clock, "/clock", 10)
+    sim_now = 1_000_000.0
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.02):
+            clock_pub.publish(Clock(clock=TimeMsg(sec=int(sim_now))))
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        with server_node(session[1], session[0], use_sim_time=True) as node:
+            wait_until(lambda: node.get_clock().now().nanoseconds >= sim_now * 1e9, TIMEOUT_S, "sim time")
+            robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+            try:
+                outcome = robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE).wait(TIMEOUT_S)
+            finally:
+                robot.close()
+    finally:
+        stop.set()
+        ticker.join()
+    assert outcome.status == "succeeded"
+    for segment in outcome.segments:
+        for stamp in (segment.gen_start, segment.gen_end, segment.dispatch_time):
+            assert abs(stamp.sec + stamp.nanosec * 1e-9 - sim_now) < 30.0, (segment.index, stamp)

@@ -1,0 +1,80 @@
+"""How each ``timely_llm_server`` parameter may change: its descriptor (range, read-only) and when a new value applies.
+
+Three kinds, by name:
+
+- read-only (descriptor ``read_only``): fixed once the node exists (``autostart``, ``result_timeout``); rclpy
+  itself refuses a change, with the reason "Trying to set a read-only parameter".
+- configure-time: read when the node is configured (the engine and everything built with it: ``engine``,
+  ``model``, every ``vllm.*`` parameter, the scheduler's policy parts...). They can be set while the node is
+  unconfigured and apply at the next configure; set while it is configured they are refused, with the reason.
+- live: applied at once by the running node (``live`` below), e.g. the default TUFs and the watchdog's timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.parameter import Parameter
+
+READ_ONLY = frozenset({"autostart", "result_timeout"})
+LIVE = frozenset({"policy", "max_task_chars", "max_prompt_tokens", "max_new_tokens", "segment_timeout_factor",
+                  "segment_timeout_margin", "status_period"})
+LIVE_PREFIXES = ("tuf.",)
+CONFIGURE_TIME_PREFIXES = ("vllm.",)
+"""Every engine parameter helpers add under ``vllm.``: the engine is built at configure."""
+
+_FLOAT_RANGES = {
+    "kv_cache_gib": (0.01, 4096.0),
+    "network_latency": (0.0, 10.0),
+    "segment_timeout_factor": (0.0, 1000.0),
+    "segment_timeout_margin": (0.0, 3600.0),
+    "status_period": (0.05, 60.0),
+    "result_timeout": (0.0, 86400.0),
+}
+_INT_RANGES = {
+    "max_model_len": (16, 1 << 20),
+    "max_batch": (0, 4096),
+    "max_task_chars": (1, 1_000_000),
+    "max_prompt_tokens": (1, 1 << 20),
+    "max_new_tokens": (1, 1 << 16),
+}
+_TUF_RANGES = {"ert": (0.0, 3600.0), "alpha": (-1e6, 0.0), "beta": (1e-9, 1e6)}
+"""As a goal's TUF is checked (goals.py); beta must be > 0, which a closed range says as its smallest step."""
+
+
+def when_applied(name: str) -> str:
+    """``read-only``, ``live`` or ``configure-time``."""
+    if name in READ_ONLY:
+        return "read-only"
+    if name in LIVE or name.startswith(LIVE_PREFIXES):
+        return "live"
+    return "configure-time"
+
+
+def descriptor(name: str, description: str) -> ParameterDescriptor:
+    """The parameter's descriptor: its description, when a change applies, its range where it has one."""
+    kind = when_applied(name)
+    note = {"read-only": "read-only: fixed when the node starts",
+            "live": "live: a change applies at once",
+            "configure-time": "configure-time: set it while the node is unconfigured; applies at configure"}[kind]
+    d = ParameterDescriptor(description=description, additional_constraints=note, read_only=kind == "read-only")
+    low_high = _FLOAT_RANGES.get(name) or (_TUF_RANGES.get(name.rsplit(".", 1)[-1]) if name.startswith("tuf.")
+                                           else None)
+    if low_high:
+        d.floating_point_range = [FloatingPointRange(from_value=low_high[0], to_value=low_high[1])]
+    elif name in _INT_RANGES:
+        d.integer_range = [IntegerRange(from_value=_INT_RANGES[name][0], to_value=_INT_RANGES[name][1], step=1)]
+    return d
+
+
+def refuse_while_configured(params: Iterable[Parameter], state: str) -> SetParametersResult:
+    """Refuse configure-time parameters unless the node is unconfigured (``state``: its lifecycle state label)."""
+    if state == "unconfigured":
+        return SetParametersResult(successful=True)
+    fixed = [p.name for p in params if when_applied(p.name) == "configure-time"]
+    if not fixed:
+        return SetParametersResult(successful=True)
+    return SetParametersResult(successful=False, reason=(
+        f"{', '.join(fixed)}: configure-time, read when the node is configured (now {state}); deactivate and "
+        f"clean up the node, set it, then configure again"))
