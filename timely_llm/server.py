@@ -527,7 +527,7 @@ class Server:
             # An empty last segment tells the robot a plan ended after a segment already sent as not final.
             if rest.strip() or not pieces and not (request.segments and request.segments[-1].final):
                 pieces.append(rest)
-        last = finished or self._out_of_tokens(request)
+        last = bool(pieces) and (finished or self._out_of_tokens(request))
         for i, piece in enumerate(pieces):
             self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
         if finished:
@@ -548,11 +548,12 @@ class Server:
             self._skip(request, now, final)
             return
         robot = request.robot
-        estimate = robot.min_exec_time(text)
+        calls = robot.find_calls(text)
+        estimate = robot.min_exec_time(text, calls)
         arrives = now + self.network_latency
         start_est = max(arrives, request.prev_end_est) if request.segments else arrives
         cached, evicted = request.last_start_cache or (None, False)
-        segment = Segment(len(request.segments), text, robot.find_calls(text),
+        segment = Segment(len(request.segments), text, calls,
                           gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
                           gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
                           tokens=request.seg_tokens, predicted_gen_time=request.seg_predicted)

@@ -21,7 +21,7 @@ tokens as one that never stopped.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 
 from timely_llm.core.regex import (
     EMPTY,
@@ -75,7 +75,7 @@ class PlanGrammar:
         """The EBNF grammar every continuation of ``generated`` must match (the whole grammar
         for ``""``); None if ``generated`` already left the grammar."""
         rest = derive_text(self.root, generated)
-        return None if rest is EMPTY else render_ebnf(rest)
+        return None if rest is EMPTY else _ebnf(rest)
 
     def accepts(self, plan: str) -> bool:
         """Whether ``plan`` is a complete plan."""
@@ -106,6 +106,13 @@ class PlanGrammar:
             if self.accepts(done + closed):
                 return closed
         return "}" * _open_blocks(done)
+
+
+@lru_cache(maxsize=4096)
+def _ebnf(rest: Regex) -> str:
+    """A continuation's EBNF, rendered once: generations resumed at the same point of the grammar (after
+    the same statements, often) share it, and the engine finds its compiled grammar cached by that text."""
+    return render_ebnf(rest)
 
 
 def _statement_ends(text: str, language: str) -> list[int]:
