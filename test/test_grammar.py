@@ -153,14 +153,26 @@ def test_every_segment_the_stop_checker_cuts_parses_and_names_known_skills(plan:
 
 @pytest.mark.parametrize("head,last", [
     ("?iv('cat')==True{g('cat');mf(5", "}"),  # partial statement dropped, block closed
-    ("4{?iv('cup')==True{g('cup');}tc(9", "}"),
+    ("4{?iv('cup')==True{g('cup');}tc(9", "}}"),
     ("mf(50);_1=p('is it", ""),
-    ("4{?iv('cup')==True{", "tp;}}"),  # an empty block gets the shortest statement
+    ("mf(50);5{tc(90);mu(", "}"),
+    ("mf(50);5{mu(", ""),  # a block without a complete statement is dropped, not filled with a made-up one
+    ("mf(50);5{_1=p('You are not allowed", ""),  # the issue's plan reached its robot as '5{tp;}'
 ])
 def test_a_plan_cut_short_is_closed_into_a_runnable_plan(head: str, last: str) -> None:
-    grammar = plan_grammar(MODELS["tello"])
-    cut = max(boundaries(head) or [0])
-    done, pending = head[:cut], head[cut:]
-    closed = grammar.close(done, pending)
+    model = MODELS["tello"]
+    grammar = plan_grammar(model)
+    segmenter = Segmenter(model)
+    done = "".join(segmenter.feed(head))
+    closed = grammar.close(done, segmenter.flush())
     assert closed == last
     assert grammar.accepts(done + closed)
+
+
+def test_a_block_whose_header_was_dispatched_is_closed_empty_not_filled() -> None:
+    """The robot ran the header (its condition) already; closing it may only add braces."""
+    model = MODELS["tello"]
+    segmenter = Segmenter(model)
+    done = "".join(segmenter.feed("mf(50);4{?iv('cup')==True{g('c"))
+    assert done == "mf(50);4{?iv('cup')==True{"
+    assert plan_grammar(model).close(done, segmenter.flush()) == "}}"

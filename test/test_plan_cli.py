@@ -29,7 +29,11 @@ def test_plan_prints_segments_then_one_json_line() -> None:
     assert plan["plan"] == "".join(s["text"] for s in plan["segments"])
     assert lines[:-1] == [f"segment {s['index']}: {s['text']}" for s in plan["segments"]]
     model = load_skill_models()["tello"]
-    assert plan_grammar(model).accepts(plan["plan"])  # even random weights write grammatical plans
+    # Random weights write grammatical text, but 24 tokens may end it mid-statement: the plan then holds only the
+    # complete statements (maybe none), and a block whose header went out already is closed empty.
+    grammar, text = plan_grammar(model), plan["plan"]
+    header_out = grammar.accepts_prefix(text.rstrip("}")) and text.rstrip("}").endswith("{")
+    assert text == "" or grammar.accepts(text) or header_out, text
     for segment in plan["segments"]:
         assert all(set(skill) == {"name", "args"} and skill["name"] in model.skills for skill in segment["skills"])
     assert proc.returncode == 0, proc.stderr[-2000:]

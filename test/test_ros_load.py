@@ -134,3 +134,29 @@ def test_load_bench_says_which_answer_a_goal_never_got() -> None:
     assert _plan_status(response) == f"no plan status (ROS status {GoalStatus.STATUS_ABORTED})"
     response.status, response.result.status = GoalStatus.STATUS_SUCCEEDED, "succeeded"
     assert _plan_status(response) == "succeeded"
+
+
+def test_a_lifecycle_shutdown_request_aborts_every_goal_in_flight_with_its_result(node_process: Callable,
+                                                                                   link: PlanLink) -> None:
+    """Requested through the change_state service, on_shutdown runs on the node's one executor thread, which
+    can deliver the results only after it: they still reach every client and the process exits 0."""
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+
+    node = node_process(segment_timeout_margin=60.0)
+    assert link.wait_for_server(30.0)
+    change_state = link.node.create_client(ChangeState, "/timely_llm_server/change_state")
+    sent = [send(link, f"mute-{i}", 6 + i % 3, report=False) for i in range(20)]
+    for _, outcome in sent:
+        wait_until(lambda outcome=outcome: outcome.segments, BURST_TIMEOUT_S, "a segment of every goal")
+    assert change_state.wait_for_service(timeout_sec=10.0)
+    answer = change_state.call_async(ChangeState.Request(transition=Transition(
+        id=Transition.TRANSITION_ACTIVE_SHUTDOWN)))
+    ended = wait_all([outcome for _, outcome in sent], time.monotonic() + 10.0)
+    assert all(o is not None for o in ended), f"{sum(o is None for o in ended)} results missing"
+    assert {(o.status, o.result.reason) for o in ended} == {("aborted", "server shutting down")}
+    wait_until(answer.done, 10.0, "the change_state answer")
+    assert answer.result().success
+    assert node.wait(30.0) == 0
+    for robot, _ in sent:
+        robot.close()

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ablation(sub.add_parser("ablation", help="scheduler parts each alone, all and none, on chosen points"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
+    _add_loop_cost(sub.add_parser("loop-cost", help="the server loop's own CPU per step, per token and per resume, "
+                                                     "the engine left out"))
     _add_estimate_error(sub.add_parser("estimate-error", help="error of predicted segment generation times G(s) "
                                                               "on the simulator: TimeBill vs the constant"))
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
@@ -463,6 +465,25 @@ def _sched(args: argparse.Namespace) -> int:
     print("queue_length  us_per_decision")
     for size, seconds in measure(args.sizes, args.repeat, timebill=Features.parse(args.features).timebill):
         print(f"{size:12d}  {seconds * 1e6:15.1f}")
+    return 0
+
+
+def _add_loop_cost(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation import loop_cost
+
+    p.description = loop_cost.__doc__.split("\n\n", 1)[1]
+    p.add_argument("--batches", type=_positive_int, nargs="+", default=list(loop_cost.BATCHES),
+                   help="generations kept running, one row each with the grammar off and on "
+                        f"(default {' '.join(map(str, loop_cost.BATCHES))})")
+    p.add_argument("--steps", type=_positive_int, default=loop_cost.DEFAULT_STEPS,
+                   help=f"engine steps timed per row (default {loop_cost.DEFAULT_STEPS})")
+    p.set_defaults(run=_loop_cost)
+
+
+def _loop_cost(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.loop_cost import run
+
+    run(args.steps, tuple(args.batches))
     return 0
 
 

@@ -28,7 +28,7 @@ from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
-from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.grammar import PlanGrammar, plan_grammar
 from timely_llm.core.overload import (
     INFEASIBLE_REASON,
     OVERRUN_KILL,
@@ -522,12 +522,12 @@ class Server:
         if finished:
             self._generated(request)
             rest = request.segmenter.flush()
-            if request.grammar is not None:  # a plan cut short by its token budget still closes its blocks
-                rest = request.grammar.close("".join(s.text for s in request.segments) + "".join(pieces), rest)
+            if (grammar := _closing_grammar(request)) is not None:  # a plan cut short still closes its blocks
+                rest = grammar.close("".join(s.text for s in request.segments) + "".join(pieces), rest)
             # An empty last segment tells the robot a plan ended after a segment already sent as not final.
             if rest.strip() or not pieces and not (request.segments and request.segments[-1].final):
                 pieces.append(rest)
-        last = finished or self._out_of_tokens(request)
+        last = bool(pieces) and (finished or self._out_of_tokens(request))
         for i, piece in enumerate(pieces):
             self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
         if finished:
@@ -548,11 +548,12 @@ class Server:
             self._skip(request, now, final)
             return
         robot = request.robot
-        estimate = robot.min_exec_time(text)
+        calls = robot.find_calls(text)
+        estimate = robot.min_exec_time(text, calls)
         arrives = now + self.network_latency
         start_est = max(arrives, request.prev_end_est) if request.segments else arrives
         cached, evicted = request.last_start_cache or (None, False)
-        segment = Segment(len(request.segments), text, robot.find_calls(text),
+        segment = Segment(len(request.segments), text, calls,
                           gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
                           gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
                           tokens=request.seg_tokens, predicted_gen_time=request.seg_predicted)
@@ -595,6 +596,14 @@ class Server:
     def _finish_if_done(self, request: Request) -> None:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
             self._finish(request, Status.SUCCEEDED, "")
+
+
+def _closing_grammar(request: Request) -> PlanGrammar | None:
+    """The grammar a finished plan is closed in: its own, or its robot's for a recorded plan replayed only
+    in part (its token budget ran out first); a whole replayed plan is dispatched as recorded."""
+    if request.forced_ids is None:
+        return request.grammar
+    return plan_grammar(request.robot) if len(request.output_ids) < len(request.forced_ids) else None
 
 
 def _throughput_model(estimator: ExecutionTimeEstimator | None) -> ThroughputModel:

@@ -21,7 +21,7 @@ tokens as one that never stopped.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 
 from timely_llm.core.regex import (
     EMPTY,
@@ -39,7 +39,6 @@ from timely_llm.core.regex import (
     plus,
     render_ebnf,
     repeat,
-    shortest,
     star,
 )
 from timely_llm.core.skills import ArgSpec, Skill, SkillModel
@@ -76,7 +75,7 @@ class PlanGrammar:
         """The EBNF grammar every continuation of ``generated`` must match (the whole grammar
         for ``""``); None if ``generated`` already left the grammar."""
         rest = derive_text(self.root, generated)
-        return None if rest is EMPTY else render_ebnf(rest)
+        return None if rest is EMPTY else _ebnf(rest)
 
     def accepts(self, plan: str) -> bool:
         """Whether ``plan`` is a complete plan."""
@@ -93,30 +92,56 @@ class PlanGrammar:
     def close(self, done: str, pending: str) -> str:
         """The last segment of a plan whose generation stopped early (token budget spent).
 
-        ``done`` was dispatched already; ``pending`` is the text after it. Keeps ``pending``
-        up to its last statement boundary and appends the shortest text that completes the
-        plan (the closing braces of open blocks), so the robot gets a plan it can run.
+        ``done`` was dispatched already; ``pending`` is the text after it. Nothing the model did
+        not write is added: ``pending`` is cut back to its last complete statement and the blocks
+        still open get their closing braces. A block without a complete statement cannot close
+        (a body holds at least one), so it is dropped with the blocks holding it; one whose header
+        was dispatched already can only be closed empty (its robot has run that header, no more).
         """
-        if self.complete_after(done + pending):
-            return pending
-        for end in sorted(_boundaries(pending), reverse=True):
-            completion = shortest(derive_text(self.root, done + pending[:end]))
-            if completion is not None:
-                return pending[:end] + completion
-        return pending  # ``done`` itself left the grammar: nothing to repair
+        if self.complete_after(done + pending) or not self.accepts_prefix(done):
+            return pending  # finished, or ``done`` itself left the grammar: nothing to repair
+        for end in reversed(_statement_ends(pending, self.model.language)):
+            kept = pending[:end]
+            closed = kept + "}" * _open_blocks(done + kept)
+            if self.accepts(done + closed):
+                return closed
+        return "}" * _open_blocks(done)
 
 
-def _boundaries(text: str) -> list[int]:
-    """0 and every position right after a ';', '{' or '}' outside quotes."""
+@lru_cache(maxsize=4096)
+def _ebnf(rest: Regex) -> str:
+    """A continuation's EBNF, rendered once: generations resumed at the same point of the grammar (after
+    the same statements, often) share it, and the engine finds its compiled grammar cached by that text."""
+    return render_ebnf(rest)
+
+
+def _statement_ends(text: str, language: str) -> list[int]:
+    """0 and every position right after a complete statement: after a ';' or '}' outside quotes
+    (MiniSpec, calls), after a sentence's end mark (sentences, whose quotes are apostrophes)."""
+    if language == "sentence":
+        return [0, *(i + 1 for i, ch in enumerate(text) if ch in ".!?")]
     cuts, quote = [0], None
     for i, ch in enumerate(text):
         if quote:
             quote = None if ch == quote else quote
         elif ch in "'\"":
             quote = ch
-        elif ch in ";{}":
+        elif ch in ";}":
             cuts.append(i + 1)
     return cuts
+
+
+def _open_blocks(text: str) -> int:
+    """How many blocks ``text`` (a grammatical prefix) leaves open."""
+    depth, quote = 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{}":
+            depth += 1 if ch == "{" else -1
+    return depth
 
 
 @cache

@@ -202,26 +202,6 @@ def matches(r: Regex, text: str) -> bool:
     return nullable(derive_text(r, text))
 
 
-@cache
-def shortest(r: Regex) -> str | None:
-    """A shortest string ``r`` matches (None for ``EMPTY``)."""
-    if r is EPS:
-        return ""
-    if r is EMPTY:
-        return None
-    if isinstance(r, Chars):
-        return min(r.chars) if not r.negated else next(c for c in map(chr, range(32, 127)) if c not in r.chars)
-    if isinstance(r, Cat):
-        parts = [shortest(p) for p in r.parts]
-        return None if None in parts else "".join(parts)  # type: ignore[arg-type]
-    if isinstance(r, Alt):
-        options = [s for s in map(shortest, r.options) if s is not None]
-        return min(options, key=lambda s: (len(s), s)) if options else None
-    assert isinstance(r, Repeat)
-    inner = shortest(r.inner)
-    return None if inner is None else inner * r.low
-
-
 # ----- rendering -----
 
 @lru_cache(maxsize=50_000)

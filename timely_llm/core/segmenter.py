@@ -14,6 +14,11 @@ from collections.abc import Callable
 from timely_llm.core.skills import SkillModel
 
 REPLACEMENT_CHAR = "\ufffd"
+KEEP_TOKENS = 4
+"""Tokens decoded again with the next ones: a character split across tokens, or a word whose spacing
+depends on the token before it, comes out whole."""
+REANCHOR_AFTER = 12
+"""Tokens in the decoded window before it is cut back to KEEP_TOKENS."""
 
 
 class IncrementalDetokenizer:
@@ -35,10 +40,12 @@ class IncrementalDetokenizer:
         if text.endswith(REPLACEMENT_CHAR):
             return ""
         delta = text[self._emitted:]
-        # Re-anchor so the next decode starts a few tokens back, not at the beginning.
-        keep = min(len(self.ids) - self._prefix, 4)
-        self._prefix = len(self.ids) - keep
-        self._emitted = len(self._decode(self.ids[self._prefix:]))
+        self._emitted = len(text)
+        if len(self.ids) - self._prefix > REANCHOR_AFTER:
+            # Re-anchor so the next decode starts a few tokens back, not at the beginning; only now and
+            # then, as that costs a second decode.
+            self._prefix = len(self.ids) - KEEP_TOKENS
+            self._emitted = len(self._decode(self.ids[self._prefix:]))
         return delta
 
 

@@ -140,11 +140,12 @@ class SkillModel:
     def has_call(self, text: str) -> bool:
         return self._call_re is not None and self._call_re.search(_mask_strings(text)) is not None
 
-    def min_exec_time(self, text: str) -> float:
-        """Lower bound of the time the robot needs to execute ``text``."""
+    def min_exec_time(self, text: str, calls: list[SkillCall] | None = None) -> float:
+        """Lower bound of the time the robot needs to execute ``text`` (``calls``: its calls, when found already)."""
         if self.words_per_minute:
             return _reading_time(text, self.words_per_minute)
-        return sum(self.skills[c.name].time.lower_bound(c.numeric_arg) for c in self.find_calls(text))
+        calls = self.find_calls(text) if calls is None else calls
+        return sum(self.skills[c.name].time.lower_bound(c.numeric_arg) for c in calls)
 
     def sample_exec_time(self, text: str, rng: random.Random) -> float:
         """One draw of the time a simulated robot takes to execute ``text``."""

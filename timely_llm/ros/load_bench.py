@@ -237,15 +237,21 @@ class LoadResult:
     node_log: str
     """Kept only where a goal went unanswered."""
 
-    HEADER = ("agents  goals  in flight     accept ms: burst p50/p99  steady p50/p99  goals/s  node cpu %  rss MiB"
-              "  ended")
+    HEADER = ("agents  goals  in flight     accept ms: burst p50/p99  steady p50/p99  goals/s  node cpu %"
+              "  cpu ms/goal  rss MiB  ended")
+
+    @property
+    def cpu_ms_per_goal(self) -> float:
+        """The node's CPU time per goal ended in the measured window."""
+        return 10 * self.node_cpu_percent / self.goals_per_s if self.goals_per_s else math.nan
 
     def row(self) -> str:
         ended = ", ".join(f"{v} {k}" for k, v in sorted(self.statuses.items()))
         return (f"{self.agents:6d} {self.goals:6d} {self.in_flight_mean:6.0f} (max {self.in_flight_max:4d})"
                 f" {self.burst_accept_ms[0]:12.0f} /{self.burst_accept_ms[1]:6.0f}"
                 f" {self.steady_accept_ms[0]:11.0f} /{self.steady_accept_ms[1]:6.0f}"
-                f" {self.goals_per_s:8.1f} {self.node_cpu_percent:11.0f} {self.node_rss_mib:8.0f}  {ended}; "
+                f" {self.goals_per_s:8.1f} {self.node_cpu_percent:11.1f} {self.cpu_ms_per_goal:12.1f}"
+                f" {self.node_rss_mib:8.0f}  {ended}; "
                 f"exit {self.exit_code}{self._log_note()}")
 
     def _log_note(self) -> str:

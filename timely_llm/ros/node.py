@@ -91,6 +91,10 @@ EXECUTOR_THREADS = 8
 """One per callback group (goals and results, reports, watchdog, status and diagnostics, lifecycle transitions,
 lifecycle queries, parameters) and one spare: no goal holds a thread, and a configure loading the engine holds
 only the transitions'."""
+NODE_EXECUTOR_THREADS = 1
+"""The node's own process (``main``) spins a SingleThreadedExecutor: no callback of the node waits on another,
+and Jazzy's MultiThreadedExecutor costs several times the node's CPU per goal in its own bookkeeping (README,
+"The loop's own cost")."""
 SPIN_WAKE_S = 0.1
 """The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
 SHUTDOWN_TIMEOUT_S = 1.5
@@ -942,9 +946,11 @@ def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
 
 
 @contextmanager
-def spinning(context: Context | None = None) -> Iterator[rclpy.executors.MultiThreadedExecutor]:
-    """The node's executor spinning in a thread of its own; stopped, then shut down, when the block ends."""
-    executor = rclpy.executors.MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
+def spinning(context: Context | None = None, threads: int = EXECUTOR_THREADS) -> Iterator[rclpy.executors.Executor]:
+    """An executor spinning in a thread of its own; stopped, then shut down, when the block ends. ``threads`` 1:
+    a SingleThreadedExecutor, else a MultiThreadedExecutor (a session shared with clients that may wait)."""
+    executor = (rclpy.executors.SingleThreadedExecutor(context=context) if threads == 1
+                else rclpy.executors.MultiThreadedExecutor(num_threads=threads, context=context))
     stop = threading.Event()
     spinner = threading.Thread(target=spin, args=(executor, stop), name="executor", daemon=True)
     spinner.start()
@@ -974,11 +980,14 @@ def main(args: list[str] | None = None) -> int:
         rclpy.logging.get_logger("timely_llm_server").fatal(str(exc))
         rclpy.try_shutdown()
         return 1
-    with spinning() as executor:
+    with spinning(threads=NODE_EXECUTOR_THREADS) as executor:
         executor.add_node(node)
         while not stop.wait(0.2) and not node.finalized.is_set():
             pass
+        shut_down_by_request = node.finalized.is_set()
         node.shutdown()
+        if shut_down_by_request:  # on_shutdown ran on the executor's one thread, which delivers the results now
+            node._await_results(time.monotonic() + SHUTDOWN_TIMEOUT_S)
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
