@@ -22,6 +22,7 @@ from guards import wait_until
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.action import ActionClient
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.parameter import Parameter
@@ -33,7 +34,7 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.diagnostics import Snapshot, level_of
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
-from timely_llm.ros.node import NodeStartError, TimelyLlmNode
+from timely_llm.ros.node import NODE_EXECUTOR_THREADS, NodeStartError, TimelyLlmNode, spinning
 from timely_llm.ros.parameters import when_applied
 from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
@@ -115,6 +116,34 @@ def test_lifecycle_and_parameter_services_answer_while_the_engine_loads(session:
         loaded.set()
         node.shutdown()
         executor.remove_node(node)
+        node.destroy_node()
+
+
+def test_a_configure_requested_over_the_service_leaves_a_single_threaded_executor_answering(session: tuple) -> None:
+    """The node's own process spins one thread (NODE_EXECUTOR_THREADS): a lifecycle manager's configure, which
+    loads the engine, must not hold that thread."""
+    context, _ = session
+    loaded = threading.Event()
+    node = SlowLoadNode(loaded, context=context, parameter_overrides=[Parameter("autostart", value=False)])
+    try:
+        with spinning(context, threads=NODE_EXECUTOR_THREADS) as own_executor, client_node(session) as client:
+            assert isinstance(own_executor, SingleThreadedExecutor)
+            own_executor.add_node(node)
+            change = client.create_client(ChangeState, "/timely_llm_server/change_state")
+            assert change.wait_for_service(TIMEOUT_S)
+            configure = ChangeState.Request(transition=Transition(id=Transition.TRANSITION_CONFIGURE))
+            configured = change.call_async(configure)
+            wait_until(lambda: node.lifecycle_state == "configuring", TIMEOUT_S, "the requested configure")
+            for _ in range(3):  # each answered within ANSWER_S while the load goes on
+                assert _state(client, "/timely_llm_server") == "configuring"
+            assert not configured.done()
+            loaded.set()
+            assert answered(configured, TIMEOUT_S, "change_state configure").success
+            assert _state(client, "/timely_llm_server") == "inactive"
+            node.shutdown()
+            own_executor.remove_node(node)
+    finally:
+        loaded.set()
         node.destroy_node()
 
 

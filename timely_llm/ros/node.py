@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import rclpy
 import rclpy.executors
+import rclpy.task
 from builtin_interfaces.msg import Time as TimeMsg
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
@@ -268,7 +269,12 @@ class TimelyLlmNode(LifecycleNode):
                     response.success = False
                     return response
 
-        self._service_change_state.callback = guarded_change_state
+        async def change_state_off_the_executor(request: object, response: object) -> object:
+            # A coroutine callback: the executor polls it between other callbacks, so even a single-threaded
+            # executor keeps answering get_state and the parameters while a configure loads the engine.
+            return await _in_thread("timely_llm_transition", guarded_change_state, request, response)
+
+        self._service_change_state.callback = change_state_off_the_executor
 
     def _check_skill_models(self) -> None:
         """With no skill_models given, the installation must ship some: else no restart could help."""
@@ -289,8 +295,12 @@ class TimelyLlmNode(LifecycleNode):
                                     result_timeout=float(self._param("result_timeout")), **action_server_qos())
 
     def _autostart(self) -> None:
-        """Configure and activate once the node spins (a one-shot timer in the transitions' callback group)."""
+        """Once the node spins (a one-shot timer), configure and activate in a thread: off the executor, which
+        may be single-threaded."""
         self._autostart_timer.cancel()
+        threading.Thread(target=self._run_autostart, name="timely_llm_autostart", daemon=True).start()
+
+    def _run_autostart(self) -> None:
         try:
             with self._transition_lock:
                 if self._shutting_down.is_set():
@@ -388,8 +398,9 @@ class TimelyLlmNode(LifecycleNode):
     # ----- lifecycle -----
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Load the engine in a thread of its own and wait for it here, in the transitions' callback group: the
-        other groups (lifecycle queries, parameters, status) keep answering meanwhile."""
+        """Load the engine in a thread of its own and wait for it here. Transitions run off the executor (ChangeState
+        in a thread its coroutine callback awaits, autostart in a thread of its own), so lifecycle queries,
+        parameters and status keep answering meanwhile, on a single-threaded executor too."""
         try:
             server, rules = self._load_server()
         except Exception as exc:  # noqa: BLE001 - any reason is reported and the node stays unconfigured
@@ -891,6 +902,20 @@ def _executed(request_id: str, index: int, exec_start: float, exec_end: float, s
     server.segment_done(request_id, index, exec_start, exec_end)
 
 
+def _in_thread(name: str, function: Callable[..., object], *args: object) -> rclpy.task.Future:
+    """``function(*args)`` run in a thread of its own; the future an executor's coroutine callback can await."""
+    done = rclpy.task.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(function(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits it
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
 def _abort(request_id: str, reason: str, server: Server) -> None:
     server.abort(request_id, reason)
 
@@ -984,10 +1009,7 @@ def main(args: list[str] | None = None) -> int:
         executor.add_node(node)
         while not stop.wait(0.2) and not node.finalized.is_set():
             pass
-        shut_down_by_request = node.finalized.is_set()
         node.shutdown()
-        if shut_down_by_request:  # on_shutdown ran on the executor's one thread, which delivers the results now
-            node._await_results(time.monotonic() + SHUTDOWN_TIMEOUT_S)
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
