@@ -1,10 +1,13 @@
 """Start the timely_llm_server node, active (configured and serving goals) unless ``autostart:=false``.
 
-    ros2 launch timely_llm timely_llm.launch.py [params_file:=F] [engine:=sim|vllm] [policy:=P] [model:=DIR]
-                                                [hw_profile:=NAME] [namespace:=NS] [autostart:=true|false]
+    ros2 launch timely_llm timely_llm.launch.py [params_file:=F] [engine:=vllm|sim] [policy:=P] [model:=M]
+                                                [vllm_args:="KEY:=VALUE ..."] [hw_profile:=NAME] [namespace:=NS]
+                                                [autostart:=true|false]
 
 Parameters come from ``params_file`` (default: the installed config/timely_llm.yaml); each of engine, policy,
-model and hw_profile given on the command line overrides the file. With ``autostart:=false`` the lifecycle node
+model and hw_profile given on the command line overrides the file, and so does each vLLM engine argument in
+``vllm_args`` (space-separated ``KEY:=VALUE``, e.g. ``vllm_args:="max_num_seqs:=8 dtype:=float16"``: the node's
+parameters ``vllm.KEY``, values read as ``-p`` reads them). With ``autostart:=false`` the lifecycle node
 waits unconfigured for its transitions (configure, activate). With ``namespace:=NS`` the node is
 /NS/timely_llm_server and its action and topics are /NS/request_plan, /NS/segment_done, /NS/status; a params file
 keyed ``/**:`` (as the shipped one is) applies there, one keyed ``timely_llm_server:`` would not.
@@ -20,11 +23,13 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 
 from launch import LaunchDescription
+from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
+from timely_llm.engines.vllm_args import parse_assignments
 
 OVERRIDES = {
-    "engine": "sim (replays LRTrace plans) or vllm (embedded vLLM on the CPU)",
+    "engine": "vllm (embedded vLLM on the installed build's device: GPU or CPU) or sim (replays LRTrace plans)",
     "policy": "timelyllm, vllm, vllm-stream, fcfs, edf, ...",
-    "model": "vllm: smollm2 (default), tiny, or a Hugging Face model directory",
+    "model": "vllm: smollm2 (default), tiny, a model directory or a Hugging Face model id",
     "hw_profile": "sim: hardware profile name or YAML file",
 }
 
@@ -38,6 +43,9 @@ def generate_launch_description() -> LaunchDescription:
                               description="configure and activate the node at startup"),
         *(DeclareLaunchArgument(name, default_value="", description=f"{text}; empty: as in params_file")
           for name, text in OVERRIDES.items()),
+        DeclareLaunchArgument("vllm_args", default_value="",
+                              description='vLLM engine arguments "KEY:=VALUE ..." (EngineArgs fields), each '
+                                          "overriding params_file's vllm.KEY"),
         OpaqueFunction(function=_server_node),
     ])
 
@@ -45,6 +53,8 @@ def generate_launch_description() -> LaunchDescription:
 def _server_node(context: LaunchContext) -> list[Node]:
     given = [name for name in OVERRIDES if LaunchConfiguration(name).perform(context)]
     overrides = {name: ParameterValue(LaunchConfiguration(name), value_type=str) for name in given}
+    engine_args = parse_assignments(LaunchConfiguration("vllm_args").perform(context).split(), ":=")
+    overrides |= {f"{VLLM_PREFIX}{key}": value for key, value in engine_args.items()}
     return [Node(
         package="timely_llm",
         executable="timely-llm",

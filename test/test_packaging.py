@@ -33,6 +33,7 @@ from rclpy.node import Node
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.task import Future
 
+from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
 from timely_llm.workloads.traces import load_catalog
@@ -43,7 +44,10 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 SERVER = "timely_llm_server"
 START_TIMEOUT_S = 120.0
-"""Node start (sim engine) or one goal served, on a loaded 2-core machine; the vLLM engine is not started here."""
+"""Node start (sim engine) or one goal served, on a loaded 2-core machine."""
+VLLM_START_TIMEOUT_S = 900.0
+"""The launch file's default: the vLLM engine (CPU build) starting with SmolLM2, compiling, on a loaded machine."""
+FREE_TEXT_TASK = "Scene: [], Task: [A] Could you find the cat? If so, go to it."
 STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 1500.0
 ASK_AGAIN_S = 10.0
@@ -72,16 +76,17 @@ class Running:
     log: typing.IO[str]
 
     def output(self, chars: int = 4000) -> str:
+        """The last ``chars`` characters of the output; 0: all of it."""
         self.log.flush()
         self.log.seek(0)
         return self.log.read()[-chars:]
 
-    def wait_for(self, ready: Callable[[], bool], what: str) -> None:
+    def wait_for(self, ready: Callable[[], bool], what: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until ``ready()``; fails at once, with the output, if the process ends first."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while not ready():
             assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what}:\n{self.output()}"
-            assert time.monotonic() < deadline, f"no {what} in {START_TIMEOUT_S} s:\n{self.output()}"
+            assert time.monotonic() < deadline, f"no {what} in {timeout_s} s:\n{self.output()}"
             time.sleep(0.1)
 
 
@@ -288,7 +293,7 @@ def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
 def test_launch_ros_command_line_serves_a_goal(workspace: Workspace, ros_domain: int, link: PlanLink) -> None:
     install = workspace.root / "install" / "timely_llm"
     command = (f"{install}/lib/timely_llm/timely-llm serve --ros-args -r __node:={SERVER} "
-               f"--params-file {install}/share/timely_llm/config/timely_llm.yaml -p policy:=timelyllm")
+               f"--params-file {install}/share/timely_llm/config/timely_llm.yaml -p policy:=timelyllm -p engine:=sim")
     with _process(workspace.sourced(command), _venv_env(ros_domain, None), workspace.root) as server:
         assert _parameters(link.node, server, ["policy"]) == {"policy": "timelyllm"}
         _serve_one_goal(link, server)
@@ -316,9 +321,33 @@ def _launch(workspace: Workspace, domain: int, *arguments: str) -> contextlib.Ab
 
 
 def test_launch_file_starts_the_node_active(workspace: Workspace, ros_domain: int, link: PlanLink) -> None:
-    with _launch(workspace, ros_domain, "policy:=edf") as server:
-        assert _parameters(link.node, server, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
+    with _launch(workspace, ros_domain, "policy:=edf", "engine:=sim",
+                 '"vllm_args:=max_num_seqs:=8 dtype:=float16"') as server:
+        assert _parameters(link.node, server, ["policy", "engine", "vllm.max_num_seqs", "vllm.dtype"]) == {
+            "policy": "edf", "engine": "sim", "vllm.max_num_seqs": 8, "vllm.dtype": "float16"}
         _serve_one_goal(link, server)
+
+
+@pytest.mark.vllm
+def test_launch_file_with_no_arguments_serves_a_free_text_task(workspace: Workspace, ros_domain: int,
+                                                               link: PlanLink) -> None:
+    """The default launch: the vLLM engine with the shipped model generates a plan in the robot's grammar."""
+    tello = load_skill_models()["tello"]
+    with _launch(workspace, ros_domain) as server:
+        server.wait_for(lambda: READY_LINE in server.output(chars=0), "the engine started", VLLM_START_TIMEOUT_S)
+        assert _parameters(link.node, server, ["engine", "model", "vllm.max_num_seqs"]) == {
+            "engine": "vllm", "model": "smollm2", "vllm.max_num_seqs": 64}
+        server.wait_for(link.action.server_is_ready, "action server")
+        robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(tello, time_scale=0.1))
+        try:
+            outcome = robot.request(FREE_TEXT_TASK)
+            server.wait_for(outcome.finished.done, "goal result")
+        finally:
+            robot.close()
+    assert outcome.status == "succeeded", outcome.result.reason
+    assert outcome.result.num_segments == len(outcome.segments) > 0
+    assert plan_grammar(tello).accepts(outcome.result.plan), outcome.result.plan
+    assert "".join(s.text for s in outcome.segments) == outcome.result.plan
 
 
 def test_launch_file_without_autostart_leaves_the_node_unconfigured(workspace: Workspace, ros_domain: int,

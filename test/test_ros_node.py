@@ -333,7 +333,9 @@ def test_wid1_replay_over_ros_serves_the_bench_plans_on_its_schedule(session: tu
 
 @pytest.mark.vllm
 def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, robots: Callable) -> None:
-    with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25):
+    with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25,
+                     **{"vllm.max_num_seqs": 4}) as node:
+        assert node.server.engine.max_batch == node.server.batch.max_batch == 4  # -p vllm.max_num_seqs:=4
         sent = {trace: ask(robots(f"{robot}-{trace}", robot), trace) for trace, robot in
                 ((6, "tello"), (2, "tello"), (9, "arm"))}
         outcomes = {trace: outcome.wait(RESULT_TIMEOUT_S) for trace, outcome in sent.items()}

@@ -158,6 +158,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="every request's overrun strategy (TimeBill): what becomes of a segment that overran its "
                         "deadline; default: each request's own (workload files: field overrun; else none)")
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
+    _add_vllm_arg(p)
     p.set_defaults(run=_bench)
 
 
@@ -195,8 +196,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
         option = "--policy isolated" if args.policy == "isolated" else "--hw"
         raise ConfigError(option, None, "needs the simulator engine (--engine sim)")
-    if args.engine == "sim" and args.model is not None:
-        raise ConfigError("--model", None, "applies to --engine vllm only")
+    if args.engine == "sim" and (args.model is not None or args.vllm_arg):
+        raise ConfigError("--model" if args.model is not None else "--vllm-arg", None, "applies to --engine vllm only")
     profile = load_profile(args.hw or DEFAULT_HW)
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
@@ -210,11 +211,10 @@ def _bench(args: argparse.Namespace) -> int:
         workload = workload.with_overrun(args.overrun_strategy)
     if args.engine == "vllm":
         _quiet_vllm_logging()
-        from timely_llm.engines.vllm_engine import VllmEngine
-
         scheduling = "priority" if args.policy == "vllm-priority" else "fcfs"
-        cap = {"max_num_seqs": args.max_batch} if args.max_batch else {}
-        engine = VllmEngine(model, seed=args.seed, scheduling_policy=scheduling, **cap)
+        cap = {"max_num_seqs": ("--max-batch", args.max_batch)} if args.max_batch else {}
+        engine = _vllm_engine(model, args.vllm_arg, seed=("--seed", args.seed),
+                              scheduling_policy=("--policy", scheduling), **cap)
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
         setup = dataclasses.replace(EngineSetup.simulator(profile), profile=step_model)
@@ -379,27 +379,32 @@ def _add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
                    help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
     p.add_argument("--memory-from", default=DEFAULT_HW, help="profile whose memory section is kept")
-    p.add_argument("--max-model-len", type=_positive_int, default=2048,
-                   help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default 2048)")
+    p.add_argument("--max-model-len", type=_positive_int, default=None,
+                   help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default: vllm.max_model_len of "
+                        "config/timely_llm.yaml)")
     p.add_argument("--out", required=True, type=_out_file, help="hardware profile YAML file to write")
+    _add_vllm_arg(p)
     p.set_defaults(run=_profile)
 
 
 def _profile(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import load_profile, save_profile
+    from timely_llm.engines.vllm_args import shipped_vllm_args
 
-    if args.max_model_len < MIN_PROFILE_MODEL_LEN:
+    given = dict(args.vllm_arg)
+    max_model_len = args.max_model_len or given.get("max_model_len") or shipped_vllm_args().get("max_model_len")
+    if not isinstance(max_model_len, int) or max_model_len < MIN_PROFILE_MODEL_LEN:
         raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
     memory = load_profile(args.memory_from).memory
     _quiet_vllm_logging()
-    from timely_llm.engines.vllm_engine import VllmEngine
     from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
 
-    engine = VllmEngine(args.model, max_model_len=args.max_model_len)
-    lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < args.max_model_len - 8]
+    length = {"max_model_len": ("--max-model-len", args.max_model_len)} if args.max_model_len else {}
+    engine = _vllm_engine(args.model, args.vllm_arg, **length)
+    lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
     samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16])
     engine.close()
-    profile = fit_profile(samples, Path(args.out).stem, memory, args.max_model_len)
+    profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
     save_profile(profile, args.out)
     for term, value in profile.step.items():
         print(f"{term:24s} {value:.3e}")
@@ -669,6 +674,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
                    help=f"vllm: cap on a generated plan's tokens (default {DEMO_PLAN_TOKENS})")
     p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
                    help=f"policy compared against vllm: one of {', '.join(POLICIES)} (default timelyllm)")
+    _add_vllm_arg(p)
     p.set_defaults(run=_demo)
 
 
@@ -682,7 +688,9 @@ def _demo(args: argparse.Namespace) -> int:
     node_params: dict[str, object] = {}
     if args.engine == "vllm":
         _quiet_vllm_logging()
-        node_params = {"model": args.model}
+        node_params = {"model": args.model, **{f"vllm.{k}": v for k, v in _checked_vllm_args(args.vllm_arg).items()}}
+    elif args.vllm_arg:
+        raise ConfigError("--vllm-arg", None, "applies to --engine vllm only")
     if generate:
         node_params["segment_timeout_margin"] = GENERATED_SEGMENT_TIMEOUT_MARGIN
     source = f"plans generated by {args.model} from the task texts" if generate else "recorded LRTrace plans"
@@ -863,11 +871,68 @@ def _in_file(text: str) -> str:
 
 
 def _model_dir(text: str) -> str:
-    if text in MODEL_NAMES:
+    from timely_llm.models.hub import is_hub_id
+
+    if text in MODEL_NAMES or is_hub_id(text) and not Path(text).exists():
         return text
     if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r}: no such model directory")
+        raise argparse.ArgumentTypeError(f"{text!r}: no such model directory (nor a Hugging Face id org/name)")
     return text
+
+
+def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vllm-arg", action="append", default=[], type=_vllm_arg, metavar="KEY=VALUE",
+                   help="a vLLM engine argument (any EngineArgs field, e.g. max_num_seqs=8, dtype=float16, "
+                        "tensor_parallel_size=2), repeatable; VALUE read as YAML; the others as in the vllm section "
+                        "of config/timely_llm.yaml")
+
+
+def _vllm_arg(text: str) -> tuple[str, object]:
+    from timely_llm.engines.vllm_args import EngineArgsError, parse_assignment
+
+    try:
+        return parse_assignment(text)
+    except EngineArgsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """The --vllm-arg options as a dict, each a field the user may set (vLLM checks the values)."""
+    from timely_llm.engines.vllm_args import EngineArgsError, check_fields
+
+    given: dict[str, object] = {}
+    for key, value in pairs:
+        if key in given:
+            raise ConfigError("--vllm-arg", None, f"{key} given twice")
+        given[key] = value
+    try:
+        check_fields(given, "")
+    except EngineArgsError as exc:
+        raise ConfigError("--vllm-arg", None, str(exc)) from None
+    return given
+
+
+def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], **options: tuple[str, object]):  # noqa: ANN202
+    """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
+    ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError."""
+    from timely_llm.engines.vllm_args import EngineArgsError, shipped_parameters, shipped_vllm_args
+    from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
+
+    try:
+        check_if_hub_id(model or "")  # before vLLM's import: an unreachable Hub fails in seconds
+    except ModelNotReachable as exc:
+        raise ConfigError("--model", None, str(exc)) from None
+    given = _checked_vllm_args(pairs)
+    for key, (option, _) in options.items():
+        if key in given:
+            raise ConfigError("--vllm-arg", None, f"{key} is set by {option}")
+    engine_args = shipped_vllm_args() | {key: value for key, (_, value) in options.items()} | given
+    try:
+        from timely_llm.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(model, kv_cache_gib=shipped_parameters()["kv_cache_gib"], **engine_args)
+    except (EngineArgsError, ModelNotReachable) as exc:
+        raise ConfigError("--vllm-arg" if isinstance(exc, EngineArgsError) else "--model", None, str(exc)) from None
 
 
 def _out_file(text: str) -> str:
@@ -911,6 +976,7 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--show-prompt", action="store_true",
                    help="print the exact prompt the model gets (for --task, or the robot's fixed part alone) "
                         "and exit without loading a model")
+    _add_vllm_arg(p)
     p.set_defaults(run=_plan)
 
 
@@ -931,9 +997,7 @@ def _plan(args: argparse.Namespace) -> int:
     _quiet_vllm_logging()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     with _stdout_to_stderr():  # anything else vLLM and its libraries print
-        from timely_llm.engines.vllm_engine import VllmEngine
-
-        engine = VllmEngine(args.model, max_model_len=2048, kv_cache_gib=0.25)
+        engine = _vllm_engine(args.model, args.vllm_arg)
         try:
             plan = generate_plan(engine, skills[args.robot], args.task,
                                  constrained=not args.no_grammar, max_new_tokens=args.max_new_tokens,

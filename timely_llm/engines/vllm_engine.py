@@ -29,6 +29,7 @@ from timely_llm.engines.base import (
     StepOutput,
 )
 from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
+from timely_llm.engines.vllm_args import check_fields, create_config
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
@@ -67,49 +68,46 @@ class VllmEngine(Engine):
         self,
         model: str | Path | None = None,
         *,
-        max_model_len: int = 2048,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: float | None = None,
         kv_offloading_gib: float | None = None,
-        seed: int = 0,
-        max_num_seqs: int = 64,
-        scheduling_policy: str = "fcfs",
+        **engine_args: Any,
     ) -> None:
         """Create the engine in this process.
 
-        ``model`` is a Hugging Face model directory or a name (``smollm2``, ``tiny``);
+        ``model`` is a name (``smollm2``, ``tiny``), a Hugging Face model directory or a Hub model id;
         None uses the tiny random model.
-        ``kv_cache_gib`` sizes the KV cache on CPU and GPU alike (vLLM's
-        ``kv_cache_memory_bytes``); a ``VLLM_CPU_KVCACHE_SPACE`` set in the
-        environment still overrides it on CPU. ``kv_offloading_gib`` adds a host
-        memory tier for evicted KV blocks (GPU only). ``scheduling_policy`` is vLLM's
-        own (``"fcfs"`` or ``"priority"``: then each generation's ``priority`` orders
-        vLLM's waiting queue and picks its preemption victim).
+        ``kv_cache_gib`` sizes the KV cache on CPU and GPU alike (vLLM's ``kv_cache_memory_bytes``); None or 0
+        lets vLLM size it from ``gpu_memory_utilization``. A ``VLLM_CPU_KVCACHE_SPACE`` set in the environment
+        still overrides it on CPU. ``kv_offloading_gib`` adds a host memory tier for evicted KV blocks (GPU only).
+        ``engine_args`` are any other fields of vLLM's ``EngineArgs`` (e.g. ``max_model_len``, ``max_num_seqs``,
+        ``dtype``, ``tensor_parallel_size``, ``scheduling_policy``: with ``"priority"`` each generation's
+        ``priority`` orders vLLM's waiting queue and picks its preemption victim), passed as they are; vLLM's
+        refusal raises EngineArgsError (vllm_args).
         """
+        check_fields(engine_args)
+        # In process (our scheduler reads vLLM's); tensor parallel workers are still processes of their own.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # Model Runner V2 (the CUDA default since vLLM 0.25) takes logits processors
         # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
         args = EngineArgs(
-            **_model_args(model),
-            max_model_len=max_model_len,
-            kv_cache_memory_bytes=int(kv_cache_gib * GIB),
-            seed=seed,
-            max_num_seqs=max_num_seqs,
-            scheduling_policy=scheduling_policy,
+            **(_model_args(model) | engine_args),
+            kv_cache_memory_bytes=int(kv_cache_gib * GIB) if kv_cache_gib else None,
             enable_prefix_caching=True,
             async_scheduling=False,
             logits_processors=[ForcedTokensProcessor],
             **_offloading_args(kv_offloading_gib),
         )
-        self._engine = LLMEngine.from_engine_args(args)
-        self._priority_scheduling = scheduling_policy == "priority"
-        self._max_model_len = max_model_len
+        config = create_config(args, engine_args)
+        self._engine = LLMEngine.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+        self._priority_scheduling = config.scheduler_config.policy == "priority"
+        self._max_model_len: int = config.model_config.max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
-        self.max_batch = max_num_seqs
+        self.max_batch: int = config.scheduler_config.max_num_seqs
+        """vLLM's max_num_seqs as vLLM settled it: the server's batch cap follows it."""
         self._gens: dict[str, _Generation] = {}
         self._by_request: dict[str, str] = {}
 
@@ -280,8 +278,9 @@ class VllmEngine(Engine):
 
 
 def _model_args(model: str | Path | None) -> dict[str, Any]:
+    """What vLLM loads and, for the shipped models, their dtype (a ``dtype`` engine argument wins)."""
     path, dtype = resolve_model("tiny" if model is None else model)
-    return {"model": str(path)} | ({"dtype": dtype} if dtype else {})
+    return {"model": path} | ({"dtype": dtype} if dtype else {})
 
 
 def _offloading_args(gib: float | None) -> dict[str, Any]:

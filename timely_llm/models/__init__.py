@@ -11,7 +11,7 @@ prefill and decode kernels; vLLM must be asked for float32 explicitly on CPU.
 The directory is built once into a cache keyed by its inputs and is deterministic.
 
 The real default model, SmolLM2-135M-Instruct, is converted by ``smollm2.py``;
-``resolve_model`` maps a model name (``smollm2``, ``tiny``) or a directory to what vLLM loads.
+``resolve_model`` maps a model name (``smollm2``, ``tiny``), a directory or a Hugging Face id to what vLLM loads.
 """
 
 from __future__ import annotations
@@ -55,21 +55,28 @@ def tiny_model_dir() -> Path:
     return target
 
 
-def resolve_model(model: str | Path) -> tuple[Path, str | None]:
-    """(directory, dtype) for a model name or directory; named models are float32.
+def resolve_model(model: str | Path) -> tuple[str, str | None]:
+    """(what vLLM loads, dtype) for a shipped model name, a model directory or a Hugging Face model id.
 
-    vLLM's CPU platform would otherwise downcast their float32 weights to bfloat16.
+    Shipped models are float32: vLLM's CPU platform would otherwise downcast their weights to bfloat16.
+    A Hub id must be cached or downloadable now (see ``hub.check_hub_model``); vLLM downloads it.
     """
     if model == "tiny":
-        return tiny_model_dir(), "float32"
+        return str(tiny_model_dir()), "float32"
     if model == "smollm2":
         from timely_llm.models.smollm2 import smollm2_dir
 
-        return smollm2_dir(cache_root()), "float32"
+        return str(smollm2_dir(cache_root())), "float32"
     path = Path(model)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model {str(model)!r} is neither one of {MODEL_NAMES} nor a model directory with config.json")
-    return path, None
+    if (path / "config.json").is_file():
+        return str(path), None
+    from timely_llm.models.hub import check_hub_model, is_hub_id
+
+    if is_hub_id(str(model)) and not path.exists():
+        check_hub_model(str(model))
+        return str(model), None
+    raise ValueError(f"model {str(model)!r} is none of {MODEL_NAMES}, a model directory with config.json "
+                     "or a Hugging Face model id (org/name)")
 
 
 def cache_root() -> Path:

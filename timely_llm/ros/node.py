@@ -54,7 +54,7 @@ import rclpy.executors
 import rclpy.task
 from builtin_interfaces.msg import Time as TimeMsg
 from diagnostic_msgs.msg import DiagnosticArray
-from rcl_interfaces.msg import SetParametersResult
+from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.context import Context
@@ -73,7 +73,10 @@ from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
+from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
+from timely_llm.engines.vllm_args import from_parameters, shipped_vllm_args
 from timely_llm.errors import ConfigError, RequestRejected
+from timely_llm.models.hub import check_if_hub_id
 from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
 from timely_llm.ros.goals import MAX_ID_CHARS, GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus, SkillCall, TaskRequest
@@ -114,10 +117,10 @@ PRIMARY_STATES = ("unconfigured", "inactive", "active", "finalized")
 
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
-    "engine": ("sim", "sim (calibrated simulator, needs trace_id goals) or vllm"),
-    "model": ("smollm2", "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model) or a directory"),
-    "max_model_len": (2048, "engine vllm: longest prompt + plan in tokens"),
-    "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB"),
+    "engine": ("sim", "sim (calibrated simulator, needs trace_id goals) or vllm (the shipped params file's)"),
+    "model": ("smollm2", "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model), a directory "
+                         "or a Hugging Face model id"),
+    "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB; 0 = vLLM sizes it (vllm.gpu_memory_utilization)"),
     "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),
     "estimator_profile": ("", "features timebill, deferred_prefill and ala's prior: the engine's step-time profile "
                               "(name or YAML file from timely-llm profile); empty = hw_profile on sim, the shipped "
@@ -169,6 +172,7 @@ class TimelyLlmNode(LifecycleNode):
     def __init__(self, **node_kwargs: object) -> None:
         super().__init__("timely_llm_server", **node_kwargs)
         self._declare_parameters()
+        self._declare_vllm_parameters()
         self.clock = WallClock()
         self.server: Server | None = None
         self._loop: threading.Thread | None = None
@@ -347,12 +351,23 @@ class TimelyLlmNode(LifecycleNode):
         """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
         return self._state_machine.current_state[1]
 
+    def _declare_vllm_parameters(self) -> None:
+        """Declare each ``vllm.<field>`` given (params file, ``-p``, launch): any vLLM EngineArgs field, checked
+        by vLLM at configure, so which ones exist is vLLM's to say. (rclpy keeps the overrides in
+        ``_parameter_overrides``; its public alternative would declare every override, not only these.)"""
+        for name, parameter in self._parameter_overrides.items():
+            if name.startswith(VLLM_PREFIX):
+                self.declare_parameter(name, parameter.value, ParameterDescriptor(
+                    description="vLLM engine argument (EngineArgs field)", dynamic_typing=True))
+
     def _make_engine(self) -> Engine:
         if self._param("engine") == "vllm":
+            check_if_hub_id(self._param("model"))  # before vLLM's import: an unreachable Hub fails in seconds
             from timely_llm.engines.vllm_engine import VllmEngine
 
-            return VllmEngine(self._param("model") or None, max_model_len=self._param("max_model_len"),
-                              kv_cache_gib=self._param("kv_cache_gib"))
+            given = from_parameters({n: p.value for n, p in self.get_parameters_by_prefix("vllm").items()})
+            return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
+                              **(shipped_vllm_args() | given))
         if self._param("engine") != "sim":
             raise ValueError(f"parameter engine must be sim or vllm, got {self._param('engine')!r}")
         from timely_llm.engines.hardware import load_profile

@@ -33,7 +33,6 @@ _FLOAT_RANGES = {
     "result_timeout": (0.0, 86400.0),
 }
 _INT_RANGES = {
-    "max_model_len": (16, 1 << 20),
     "max_batch": (0, 4096),
     "max_task_chars": (1, 1_000_000),
     "max_prompt_tokens": (1, 1 << 20),

@@ -1,0 +1,80 @@
+"""The node's vLLM engine arguments (parameters ``vllm.<field>``) and its ``model`` as a Hugging Face id, refused
+at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured.
+
+(That ``vllm.max_num_seqs`` sets the server's batch cap is checked where an engine really starts:
+test_ros_node.py's vLLM test.)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from guards import wait_until
+from lifecycle_msgs.srv import GetState
+from rclpy.lifecycle import TransitionCallbackReturn
+
+from timely_llm.ros.fleet import server_node
+
+pytestmark = pytest.mark.ros
+
+OFFLINE_BOUND_S = 30.0
+"""A Hub id is checked before vLLM is imported (which alone takes 10-40 s on a loaded 2-core machine)."""
+
+
+def _state(link: object, executor: object) -> str:
+    """The node's lifecycle state, as any ROS client asks for it (so the node is up and answering)."""
+    client = link.node.create_client(GetState, "/timely_llm_server/get_state")
+    wait_until(client.service_is_ready, 30.0, "get_state service")
+    future = client.call_async(GetState.Request())
+    wait_until(future.done, 30.0, "get_state answer")
+    link.node.destroy_client(client)
+    return future.result().current_state.label
+
+
+def _configure_fails(node: object, bound_s: float | None = None) -> str:
+    began = time.monotonic()
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert bound_s is None or time.monotonic() - began < bound_s
+    assert node.server is None
+    reason = node._configure_error
+    assert "\n" not in reason and "Traceback" not in reason
+    return reason
+
+
+def test_an_unknown_vllm_field_fails_configure_naming_it(session: tuple, link: object) -> None:
+    with server_node(session[1], session[0], engine="vllm", model="tiny", autostart=False,
+                     **{"vllm.max_num_seqs": 4, "vllm.no_such_field": 1}) as node:
+        assert node.get_parameter("vllm.no_such_field").value == 1
+        reason = _configure_fails(node)
+        assert reason.startswith("vllm.no_such_field: vLLM has no engine argument"), reason
+        assert _state(link, session[1]) == "unconfigured"
+
+
+def test_a_value_vllm_refuses_fails_configure_with_vllms_reason(session: tuple, link: object) -> None:
+    with server_node(session[1], session[0], engine="vllm", model="tiny", autostart=False,
+                     **{"vllm.max_num_seqs": -4}) as node:
+        reason = _configure_fails(node)
+        assert reason.startswith("vLLM refused the engine arguments (") and "vllm.max_num_seqs=-4" in reason, reason
+        assert "Input should be greater than or equal to 1" in reason, reason  # vLLM's own words
+        assert _state(link, session[1]) == "unconfigured"
+
+
+def test_a_forced_engine_argument_is_refused_with_why(session: tuple) -> None:
+    with server_node(session[1], session[0], engine="vllm", autostart=False,
+                     **{"vllm.enable_prefix_caching": False}) as node:
+        assert "resumed generation" in _configure_fails(node)
+
+
+def test_a_hub_model_offline_fails_configure_in_seconds_naming_it(session: tuple, link: object, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens: refused at once
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with server_node(session[1], session[0], engine="vllm", model="some-org/some-model", autostart=False) as node:
+        reason = _configure_fails(node, OFFLINE_BOUND_S)
+        assert reason.startswith("model 'some-org/some-model': cannot get its config.json"), reason
+        assert "local directory" in reason
+        assert _state(link, session[1]) == "unconfigured"
