@@ -220,7 +220,7 @@ class TimelyLlmNode(LifecycleNode):
         if self._param("autostart"):
             self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self._transitions)
         else:
-            self._open_action_server()
+            self._open_request_interfaces()
             self._started.set()
 
     # ----- setup -----
@@ -288,9 +288,10 @@ class TimelyLlmNode(LifecycleNode):
             except ConfigError as exc:
                 raise NodeStartError(str(exc)) from exc
 
-    def _open_action_server(self) -> None:
-        """``request_plan``. With ``autostart`` it opens once autostart has run, so a client that waits for the
-        action server (as most do) finds the node active, not still loading its engine."""
+    def _open_request_interfaces(self) -> None:
+        """The ``request_plan`` action and the ``task_requests`` topic. With ``autostart`` they open once autostart
+        has run, so a client that waits for the server (as most do) finds the node active, not loading its engine."""
+        self._topics.open()
         self._action = ActionServer(self, RequestPlan, "request_plan", execute_callback=self._conclude,
                                     callback_group=self._goals_group,
                                     goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
@@ -320,7 +321,7 @@ class TimelyLlmNode(LifecycleNode):
             self.get_logger().error(self._start_error)
         finally:
             if not self._shutting_down.is_set():
-                self._open_action_server()
+                self._open_request_interfaces()
             self._started.set()
 
     def wait_active(self, timeout_s: float = START_TIMEOUT_S) -> None:

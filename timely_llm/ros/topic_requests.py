@@ -102,8 +102,13 @@ class TopicRequests:
         self._live: dict[str, _Live] = {}  # node id -> whose request
         self._by_robot: dict[tuple[str, str], str] = {}  # (agent, robot's request id) -> node id
         self._publishers: OrderedDict[str, tuple[Publisher, Publisher]] = OrderedDict()  # least recent first
-        node.create_subscription(TaskRequest, TASK_REQUESTS, self._on_request, TASK_REQUESTS_QOS,
-                                 callback_group=callback_group)
+        self._callback_group = callback_group
+
+    def open(self) -> None:
+        """Subscribe to ``task_requests``: a robot that waits for its reader (as TopicPlanLink does) finds the node
+        ready to serve, as an action client waiting for the action server does."""
+        self._node.create_subscription(TaskRequest, TASK_REQUESTS, self._on_request, TASK_REQUESTS_QOS,
+                                       callback_group=self._callback_group)
 
     def _on_request(self, request: TaskRequest) -> None:
         try:
