@@ -336,6 +336,7 @@ def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, ro
     with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25,
                      **{"vllm.max_num_seqs": 4}) as node:
         assert node.server.engine.max_batch == node.server.batch.max_batch == 4  # -p vllm.max_num_seqs:=4
+        assert node.server.engine.device == "cpu"  # what /diagnostics reports as the device
         sent = {trace: ask(robots(f"{robot}-{trace}", robot), trace) for trace, robot in
                 ((6, "tello"), (2, "tello"), (9, "arm"))}
         outcomes = {trace: outcome.wait(RESULT_TIMEOUT_S) for trace, outcome in sent.items()}

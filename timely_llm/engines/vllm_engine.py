@@ -107,6 +107,7 @@ class VllmEngine(Engine):
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
         self.max_batch: int = config.scheduler_config.max_num_seqs
+        self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         """vLLM's max_num_seqs as vLLM settled it: the server's batch cap follows it."""
         self._gens: dict[str, _Generation] = {}
         self._by_request: dict[str, str] = {}
@@ -301,3 +302,11 @@ def _forced_tail(spec: GenerationSpec, eos: int) -> list[int] | None:
     if spec.forced_ids is None:
         return None
     return [*spec.forced_ids[len(spec.output_ids) :], eos]
+
+
+def _device_name(tensor_parallel_size: int) -> str:
+    """What the engine runs on, for the node's diagnostics: ``cpu``, or e.g. ``cuda: NVIDIA H100 x2``."""
+    if current_platform.is_cpu():
+        return "cpu"
+    name = f"{current_platform.device_type}: {current_platform.get_device_name()}"
+    return name + (f" x{tensor_parallel_size}" if tensor_parallel_size > 1 else "")
