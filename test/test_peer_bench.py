@@ -102,3 +102,13 @@ def test_cli_prints_the_table_of_saved_runs_and_needs_out_to_run(tmp_path, capsy
     assert row.startswith("| peer-light | node | vllm-stream | 2.00x | 2.00x | 1.50x | 1.50x |")
     assert main(["peer-bench", "--rounds", "1"]) != 0
     assert "--out: is required" in capsys.readouterr().err
+
+
+def test_the_floor_is_each_tasks_quickest_succeeded_pass() -> None:
+    from timely_llm.evaluation.peer_bench import quickest
+
+    loaded = [_record(0, "urgent", 6, 3.0, 9.0), _record(1, "normal", 1, 1.0, 3.0, ok=False)]
+    quiet = [_record(0, "urgent", 6, 1.0, 4.0), _record(1, "normal", 1, 2.0, 5.0)]
+    floor = {r.trace: r for r in quickest([loaded, quiet, loaded])}
+    assert (floor[6].response, floor[6].completion) == (1.0, 4.0)
+    assert floor[1].succeeded and floor[1].response == 2.0  # a failed pass never stands for the floor

@@ -305,6 +305,19 @@ def _node_record(outcome: Outcome, skills: dict[str, SkillModel]) -> RunRecord:
                      outcome.response_time, outcome.completion_time, outcome.plan)
 
 
+def quickest(passes: list[list[RunRecord]]) -> list[RunRecord]:
+    """Each task's fastest run alone over several passes (before and after the workloads): on a shared
+    machine the quietest moment is the closest to the server's own floor."""
+    best: dict[int, RunRecord] = {}
+    for record in (r for records in passes for r in records):
+        known = best.get(record.trace)
+        if record.succeeded and (known is None or not known.succeeded or record.response < known.response):
+            best[record.trace] = record
+        elif known is None:
+            best[record.trace] = record
+    return sorted(best.values(), key=lambda r: r.trace)
+
+
 def floor_requests(workload: Workload) -> list[WorkloadRequest]:
     """One request per task of ``workload`` (the floor is per task: the same task gives the same plan)."""
     seen: dict[int, WorkloadRequest] = {}
@@ -437,10 +450,12 @@ class PeerBench:
                                                                         self.catalog[t].prompt))
                                for t in self.catalog.traces}
             warm = Workload("warm", 0.0, tuple(self._floor()))
-            robots.replay(warm, alone=True)  # compile and fill the prefix cache, as the node's warm-up does
-            self._record(Run(config, FLOOR, "tasks", round_, robots.replay(warm, alone=True)), progress)
-            for workload in self.workloads:
-                self._record(Run(config, config, workload.name, round_, robots.replay(workload)), progress)
+            passes = [robots.replay(warm, alone=True) for _ in range(2)]  # the first compiles, fills the cache
+            runs = [Run(config, config, workload.name, round_, robots.replay(workload)) for workload in self.workloads]
+            passes.append(robots.replay(warm, alone=True))
+            self._record(Run(config, FLOOR, "tasks", round_, quickest(passes)), progress)
+            for run in runs:
+                self._record(run, progress)
         finally:
             server.close()
 
@@ -462,19 +477,23 @@ class PeerBench:
             estimator = estimator_for(DEFAULT_FEATURES, estimator_profile(None, "vllm", self.engine.model, ""), "")
             floor = self._floor()
             warm = Workload("warm", 0.008, tuple(floor))
-            alone = []
-            for r in floor:  # warm-up pass, then the floor: each task alone
-                node_replay(engine, warm, [_at_zero(r)], "vllm-stream", self.skills, self.catalog, self.engine)
-            for r in floor:
-                alone += node_replay(engine, warm, [_at_zero(r)], "vllm-stream", self.skills, self.catalog,
-                                     self.engine)
-            self._record(Run("node", FLOOR, "tasks", round_, alone), progress)
+
+            def alone() -> list[RunRecord]:
+                return [rec for r in floor for rec in node_replay(engine, warm, [_at_zero(r)], "vllm-stream",
+                                                                  self.skills, self.catalog, self.engine)]
+
+            passes = [alone(), alone()]  # the first compiles, fills the cache
+            runs = []
             for workload in self.workloads:
                 for policy in self.policies:
                     log: dict = {}
                     records = node_replay(engine, workload, list(workload.requests), policy, self.skills,
                                           self.catalog, self.engine, estimator, log)
-                    self._record(Run("node", policy, workload.name, round_, records, log), progress)
+                    runs.append(Run("node", policy, workload.name, round_, records, log))
+            passes.append(alone())
+            self._record(Run("node", FLOOR, "tasks", round_, quickest(passes)), progress)
+            for run in runs:
+                self._record(run, progress)
         finally:
             engine.close()
 
