@@ -42,3 +42,31 @@ def test_nothing_is_held_without_a_first_segment_to_make_room_for() -> None:
     # the unsegmented baselines never hold anything back
     both = [WorkloadRequest("busy", 0.0, "drone-1", 3, NORMAL_TUF), WorkloadRequest("u", 0.2, "drone-2", 6, URGENT_TUF)]
     assert "jit_holds" not in _run("vllm-stream", both)["counters"]
+
+
+def test_engine_steps_that_decode_nothing_do_not_teach_the_batch_controller() -> None:
+    # vLLM returns at once, with no tokens, while a request waits for its grammar to compile; such a
+    # step timed as a decode step of the whole batch made the throughput curve's knee 1 on the CPU
+    from timely_llm.clock import VirtualClock
+    from timely_llm.engines.base import StepOutput
+    from timely_llm.engines.sim import SimEngine
+    from timely_llm.server import POLICIES, PlanRequest, Server
+
+    class CompilingFirst(SimEngine):
+        waits = 3
+
+        def step(self) -> StepOutput:
+            if self.waits:
+                self.waits -= 1
+                return StepOutput(duration=0.0005)
+            return super().step()
+
+    engine = CompilingFirst(CPU)
+    server = Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), features=Features(ala=True))
+    trace = CATALOG[1]
+    server.submit(PlanRequest("r", "a", trace.robot, engine.tokenizer.encode(trace.prompt), NORMAL_TUF,
+                              forced_ids=engine.tokenizer.encode(trace.plan)))
+    for _ in range(8):
+        server.step()
+    assert engine.waits == 0
+    assert min(d for _, d in server.batch.steps._samples) > 0.001
