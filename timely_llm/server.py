@@ -309,7 +309,6 @@ class Server:
             parked = request.id in self.parked
             if self._holds_back(request, now):
                 held.append(self.queue.remove(request.id))  # out of this round's candidates, queued again below
-                self.counters["jit_holds"] += 1
                 continue
             if not parked and not prefilling and self._defers(request, now):
                 deferring = True  # the parked generations, which need no prefill, may still go on
