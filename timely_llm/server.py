@@ -76,12 +76,6 @@ def parts_of(policy: ServingPolicy, features: Features) -> Features:
     return features if policy.segmented else Features()
 
 
-JIT_SLACK = 2.0
-"""A later segment is held back while its deadline leaves this many worst-case generation times (``_holds_back``)."""
-RESUME_STEPS = 4
-"""Decode steps' time a resume's recompute costs, counted against holding a segment back (CPU: a 128-token KV
-block's tail prefills in ~2-5 decode steps; GPU: well under one)."""
-
 DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs: the batch cap of every policy unless one is given
 
 
@@ -301,15 +295,11 @@ class Server:
             self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
             self.queue.token_time = self.times.token_time()
         prefilling = deferring = False
-        held: list[Request] = []
         while len(self.queue) > 0:
             request = self._most_urgent_parked() if deferring else self.queue.best(now)
             if request is None:
                 break
             parked = request.id in self.parked
-            if self._holds_back(request, now):
-                held.append(self.queue.remove(request.id))  # out of this round's candidates, queued again below
-                continue
             if not parked and not prefilling and self._defers(request, now):
                 deferring = True  # the parked generations, which need no prefill, may still go on
                 self.counters["deferred_prefills"] += 1
@@ -333,8 +323,6 @@ class Server:
                 self._run(request, now)
                 prefilling = True
             started.append((request, uncached))
-        for request in held:
-            self.queue.push(request)
         self._suspend_parked()
         if prefilling and self.deferral is not None:
             self.deferral.prefilled(len(self.running))
@@ -411,24 +399,8 @@ class Server:
         batch = max(len(self.running), 1)
         return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
 
-    def _holds_back(self, request: Request, now: float) -> bool:
-        """Just in time: a later segment whose robot is still busy long enough to generate it twice over
-        waits while a first segment is in the batch, so first actions decode in a smaller batch (parked, it is
-        suspended; it competes again at every scheduling point, and runs once its slack shrinks)."""
-        if not self.policy.adaptive_batch or request.seg_index == 0 or request.status is Status.GENERATED:
-            return False
-        if not any(r.seg_index == 0 for r in self.running.values()):
-            return False
-        batch = len(self.running) + 1
-        return self.batch.budget(request, now) > JIT_SLACK * self.batch.wcet(request, batch) + self._resume_cost(batch)
-
-    def _resume_cost(self, batch: int) -> float:
-        """A resume's prefill of the last partial KV block, in decode steps' time (at most a block's tokens)."""
-        return self.batch.step_time(batch) * RESUME_STEPS
-
     def _most_urgent_parked(self) -> Request | None:
-        candidates = (r for r in self.parked.values() if r.id in self.queue)  # not those held back this round
-        return min(candidates, key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
+        return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
 
     def _suspend_parked(self) -> None:
         for request in list(self.parked.values()):
