@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
     _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
+    _add_peer_bench(sub.add_parser("peer-bench", help="vllm serve with streaming robots vs the node's policies, "
+                                                      "same model, prompts, grammar and arrivals: one table"))
     for command_parser in sub.choices.values():
         command_parser.set_defaults(command_parser=command_parser)
     return parser
@@ -400,15 +402,97 @@ def _profile(args: argparse.Namespace) -> int:
     from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
 
     length = {"max_model_len": ("--max-model-len", args.max_model_len)} if args.max_model_len else {}
-    engine = _vllm_engine(args.model, args.vllm_arg, **length)
+    engine = _vllm_engine(args.model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, **length)
     lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
-    samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16])
+    contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
+    samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)
     engine.close()
     profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
     save_profile(profile, args.out)
     for term, value in profile.step.items():
         print(f"{term:24s} {value:.3e}")
     return 0
+
+
+def _add_peer_bench(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation.peer_bench import SERVE_CONFIGS
+    from timely_llm.workloads.peer import PEER_WORKLOADS
+
+    p.description = ("Start vllm serve from this venv (same model, dtype, KV size, batch cap, prefix caching as the "
+                     "node's engine) and replay each workload with robots streaming completions over its OpenAI API "
+                     "on loopback, cutting segments with the Segmenter; then the node's server loop on an embedded "
+                     "engine under each policy. Every server first runs each task alone (its floor). Prints one "
+                     "table of ratios to the floor; see README.md, 'Peer benchmark'.")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
+    p.add_argument("--workloads", nargs="+", default=list(PEER_WORKLOADS), choices=list(PEER_WORKLOADS),
+                   help="built-in mixed workloads (default: all)")
+    p.add_argument("--policies", nargs="+", default=["timelyllm", "vllm-stream"], choices=[
+        n for n in POLICY_HELP if n != "isolated"], help="the node's policies (default: timelyllm vllm-stream)")
+    p.add_argument("--serve-configs", nargs="*", default=["serve"], choices=SERVE_CONFIGS,
+                   help="vllm serve runs: serve (FCFS, its default), serve-priority (default: serve)")
+    p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
+    p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
+    p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="batch cap on both sides (default 64)")
+    p.add_argument("--reserved-cpus", type=_nonneg_int, default=None,
+                   help="VLLM_CPU_NUM_OF_RESERVED_CPU for vllm serve (0: its worker gets every core, as ours does; "
+                        "default: vLLM's own, which keeps one core for the API server)")
+    p.add_argument("--port", type=_positive_int, default=8765, help="loopback port of vllm serve (default 8765)")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the arrivals and robots (default 0)")
+    p.add_argument("--first", type=_positive_int, default=None, metavar="N",
+                   help="keep only each workload's first N requests (a quick check)")
+    p.add_argument("--from", dest="inputs", nargs="+", type=_in_file, default=None, metavar="JSON",
+                   help="print the table of earlier runs' JSON files (rounds merged) instead of running")
+    p.add_argument("--out", type=_out_file, default=None, help="JSON of every run, written after each one")
+    p.set_defaults(run=_peer_bench)
+
+
+def _peer_bench(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench, Run, RunRecord, table
+
+    if args.inputs:
+        runs = []
+        for path in args.inputs:
+            for raw in _read_json(path)["runs"]:
+                records = [RunRecord(**r) for r in raw.pop("records")]
+                runs.append(Run(**raw, records=records))
+        print(table(runs))
+        return 0
+    if args.out is None:
+        raise ConfigError("--out", None, "is required unless --from is given")
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.models import resolve_model
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+    from timely_llm.workloads.traces import load_catalog
+
+    _quiet_vllm_logging()
+    catalog = load_catalog()
+    path, dtype = resolve_model(args.model)
+    engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
+                          max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens)
+    workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
+    if args.first:
+        workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
+    bench = PeerBench(engine, workloads,
+                      load_skill_models(None), catalog, tuple(args.serve_configs), tuple(args.policies),
+                      args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent)
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+        Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
+
+    bench.run(progress)
+    Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
+    print(table(bench.runs))
+    print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
+    return 0
+
+
+def _read_json(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(path, None, f"cannot read JSON: {exc}") from exc
 
 
 def _add_table(p: argparse.ArgumentParser) -> None:
@@ -823,6 +907,8 @@ def _quiet_vllm_logging() -> None:
 # ----- argument types: a bad value is a one-line error before any work -----
 
 MIN_PROFILE_MODEL_LEN = 128
+PROFILE_KV_GIB = 2.0
+"""KV cache of the profiling engine: room for 32 generations of 1,024 tokens of SmolLM2."""
 MAX_ROS_DOMAIN_ID = 232
 
 
@@ -912,9 +998,11 @@ def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return given
 
 
-def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], **options: tuple[str, object]):  # noqa: ANN202
+def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gib: float | None = None,
+                 **options: tuple[str, object]):  # noqa: ANN202
     """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
-    ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError."""
+    ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
+    ``kv_cache_gib``: the shipped one unless given."""
     from timely_llm.engines.vllm_args import EngineArgsError, shipped_parameters, shipped_vllm_args
     from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
 
@@ -930,7 +1018,7 @@ def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], **options: 
     try:
         from timely_llm.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model, kv_cache_gib=shipped_parameters()["kv_cache_gib"], **engine_args)
+        return VllmEngine(model, kv_cache_gib=kv_cache_gib or shipped_parameters()["kv_cache_gib"], **engine_args)
     except (EngineArgsError, ModelNotReachable) as exc:
         raise ConfigError("--vllm-arg" if isinstance(exc, EngineArgsError) else "--model", None, str(exc)) from None
 

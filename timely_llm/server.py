@@ -236,8 +236,8 @@ class Server:
         # A modelled step elapses without the lock, so requests and robot reports are not held up.
         self.clock.sleep_until(started + out.duration)
         with self.lock:
-            if out.duration > 0:
-                self.batch.record_step(out.duration, batch, prefill=bool(out.started))
+            if out.duration > 0 and out.new_tokens:  # vLLM steps with nothing to run (grammars compiling) time nothing
+                self.batch.record_step(out.duration, len(out.new_tokens), prefill=bool(out.started))
                 if self.times:
                     self.times.record_step(out.duration, batch, kv_tokens)
             self._process(out, self.clock.now())

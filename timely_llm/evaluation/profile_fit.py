@@ -16,8 +16,14 @@ Sample = tuple[list[tuple[int, int]], list[int], float]
 
 
 def measure_steps(engine: Engine, prefill_lengths: list[int], batch_sizes: list[int], decode_steps: int = 6,
-                  context: int = 256) -> list[Sample]:
-    """(prefills, decode contexts, seconds) for each measured step."""
+                  contexts: tuple[int, ...] = (256,)) -> list[Sample]:
+    """(prefills, decode contexts, seconds) for each measured step.
+
+    Decode steps are timed once every generation of the batch has its first token: a batch's
+    prefill can take several steps (vLLM's chunked prefill caps the tokens of a step), and a step
+    still prefilling is not a decode step. A batch whose contexts do not fit the free KV cache
+    is left out.
+    """
     samples: list[Sample] = []
     vocab_floor = 10
     for i, n in enumerate(prefill_lengths):
@@ -27,18 +33,32 @@ def measure_steps(engine: Engine, prefill_lengths: list[int], batch_sizes: list[
         out = engine.step()
         samples.append(([(n, n)], [], out.duration))
         engine.release(gen)
-    for b in batch_sizes:
-        gens = [f"decode-{b}-{j}" for j in range(b)]
-        for j, gen in enumerate(gens):
-            prompt = [vocab_floor + (b * 131 + j * 17 + k) % 500 for k in range(context)]
-            engine.start(GenerationSpec(gen, prompt, max_new_tokens=decode_steps + 1,
-                                        forced_ids=[vocab_floor] * (decode_steps + 1)))
-        engine.step()  # the batch's prefill
-        for step in range(decode_steps):
-            out = engine.step()
-            samples.append(([], [context + step + 1] * b, out.duration))
-        for gen in gens:
-            engine.release(gen)
+    for context in contexts:
+        for b in batch_sizes:
+            if b * engine.blocks_for(context + decode_steps + 2) > engine.free_kv_blocks():
+                continue
+            samples += _decode_samples(engine, b, context, decode_steps, vocab_floor)
+    return samples
+
+
+def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int, vocab_floor: int) -> list[Sample]:
+    gens = [f"decode-{batch}-{context}-{j}" for j in range(batch)]
+    budget = decode_steps + 64  # the prefill steps give tokens too
+    for j, gen in enumerate(gens):
+        prompt = [vocab_floor + (batch * 131 + j * 17 + context + k) % 500 for k in range(context)]
+        engine.start(GenerationSpec(gen, prompt, max_new_tokens=budget, forced_ids=[vocab_floor] * budget))
+    produced = {gen: 0 for gen in gens}
+    while min(produced.values()) == 0:  # the batch's prefill
+        for gen, ids in engine.step().new_tokens.items():
+            produced[gen] += len(ids)
+    samples = []
+    for _ in range(decode_steps):
+        out = engine.step()
+        for gen, ids in out.new_tokens.items():
+            produced[gen] += len(ids)
+        samples.append(([], [context + produced[g] for g in gens], out.duration))
+    for gen in gens:
+        engine.release(gen)
     return samples
 
 

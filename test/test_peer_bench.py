@@ -1,0 +1,114 @@
+"""The peer benchmark's parts that need no server: workloads, robot timing, stream parsing, the table."""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from collections import Counter
+
+import pytest
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.evaluation.peer_bench import FLOOR, Run, RunRecord, _chunk, floor_requests, robot_times, table
+from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+from timely_llm.workloads.traces import load_catalog
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def test_workloads_mix_every_category_and_contended_comes_in_bursts(catalog) -> None:
+    light = generate_peer(PEER_WORKLOADS["light"], catalog, seed=0)
+    contended = generate_peer(PEER_WORKLOADS["contended"], catalog, seed=0)
+    assert len(light.requests) == 15 and len(contended.requests) == 34
+    for workload in (light, contended):
+        assert set(Counter(catalog[r.trace].category for r in workload.requests)) == {"urgent", "normal", "arm"}
+        assert [r.arrival for r in workload.requests] == sorted(r.arrival for r in workload.requests)
+        assert len({r.agent for r in workload.requests}) == len(workload.requests)
+    # contended: several tasks arrive within 10 ms of each other; light: never
+    gaps = lambda w: [b.arrival - a.arrival for a, b in zip(w.requests, w.requests[1:], strict=False)]  # noqa: E731
+    assert min(gaps(light)) > 0.01
+    assert sum(g < 0.01 for g in gaps(contended)) >= 10
+    assert contended.requests[-1].arrival < light.requests[-1].arrival
+    assert generate_peer(PEER_WORKLOADS["light"], catalog, seed=1) != light
+
+
+def test_floor_has_one_request_per_task(catalog) -> None:
+    workload = generate_peer(PEER_WORKLOADS["contended"], catalog, seed=0)
+    floor = floor_requests(workload)
+    assert sorted(r.trace for r in floor) == sorted({r.trace for r in workload.requests})
+
+
+def test_robot_times_match_the_simulated_robots() -> None:
+    robot = load_skill_models()["tello"]
+    cuts = [("tc(90);", 1.0), ("mf(50);", 1.2), ("tp;", 5.0)]
+    response, completion = robot_times(0, "r1", robot, 0.5, cuts, 0.01)
+    durations = [robot.sample_exec_time(text, random.Random(zlib.crc32(f"0/r1/{i}".encode())))
+                 for i, (text, _) in enumerate(cuts)]
+    assert response == pytest.approx(1.0 + 0.01 - 0.5)
+    # each segment starts when generated and the robot is free: the second waits for the first
+    end = 1.01 + durations[0]
+    end = max(1.21, end) + durations[1]
+    end = max(5.01, end) + durations[2]
+    assert completion == pytest.approx(end - 0.5)
+
+
+def test_stream_lines_give_text_and_the_end() -> None:
+    line = b'data: ' + json.dumps({"choices": [{"text": "tc(", "finish_reason": None}]}).encode()
+    assert _chunk(line, False) == ("tc(", False)
+    last = b'data: ' + json.dumps({"choices": [{"text": ";", "finish_reason": "length"}]}).encode()
+    assert _chunk(last, False) == (";", True)
+    assert _chunk(b"data: [DONE]", True) == ("", True)
+    assert _chunk(b"", False) == ("", False)
+
+
+def _record(i: int, category: str, trace: int, response: float, completion: float, ok: bool = True) -> RunRecord:
+    return RunRecord(f"r{i}", category, trace, ok, ok, response if ok else None, completion if ok else None, "tp;")
+
+
+def test_table_gives_ratios_to_the_same_sides_floor() -> None:
+    floor = Run("node", FLOOR, "tasks", 1, [_record(0, "urgent", 6, 1.0, 4.0), _record(1, "normal", 1, 0.5, 3.0)])
+    serve_floor = Run("serve", FLOOR, "tasks", 1, [_record(0, "urgent", 6, 2.0, 4.0),
+                                                   _record(1, "normal", 1, 1.0, 3.0)])
+    node = Run("node", "timelyllm", "peer-light", 1, [_record(2, "urgent", 6, 1.5, 6.0),
+                                                      _record(3, "normal", 1, 1.0, 3.0, ok=False)])
+    serve = Run("serve", "serve", "peer-light", 1, [_record(2, "urgent", 6, 3.0, 8.0),
+                                                    _record(3, "normal", 1, 2.0, 3.0)])
+    text = table([floor, serve_floor, node, serve])
+    rows = {line.split(" | ")[1]: line for line in text.splitlines()[2:]}
+    assert rows["node"].split(" | ")[3:7] == ["1.50x", "1.50x", "1.50x", "1.50x"]
+    assert rows["node"].split(" | ")[7] == "-"  # no normal plan succeeded on the node
+    assert rows["vllm serve"].split(" | ")[3:5] == ["1.50x", "1.50x"]
+    assert rows["vllm serve"].split(" | ")[7] == "2.00x"
+    assert rows["node"].rstrip(" |").endswith("1/2 | 1/2")
+    second = Run("node", "timelyllm", "peer-light", 2, [_record(2, "urgent", 6, 2.0, 4.0)])
+    floor2 = Run("node", FLOOR, "tasks", 2, [_record(0, "urgent", 6, 1.0, 4.0)])
+    text = table([floor, node, floor2, second])
+    assert "1.75x [1.50-2.00]" in text.splitlines()[2]
+
+
+def test_cli_prints_the_table_of_saved_runs_and_needs_out_to_run(tmp_path, capsys) -> None:
+    from timely_llm.cli import main
+
+    runs = [Run("node", FLOOR, "tasks", 1, [_record(0, "urgent", 6, 1.0, 4.0)]),
+            Run("node", "vllm-stream", "peer-light", 1, [_record(1, "urgent", 6, 2.0, 6.0)])]
+    saved = tmp_path / "peer.json"
+    saved.write_text(json.dumps({"runs": [r.to_json() for r in runs]}))
+    assert main(["peer-bench", "--from", str(saved)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith("| peer-light | node | vllm-stream | 2.00x | 2.00x | 1.50x | 1.50x |")
+    assert main(["peer-bench", "--rounds", "1"]) != 0
+    assert "--out: is required" in capsys.readouterr().err
+
+
+def test_the_floor_is_each_tasks_quickest_succeeded_pass() -> None:
+    from timely_llm.evaluation.peer_bench import quickest
+
+    loaded = [_record(0, "urgent", 6, 3.0, 9.0), _record(1, "normal", 1, 1.0, 3.0, ok=False)]
+    quiet = [_record(0, "urgent", 6, 1.0, 4.0), _record(1, "normal", 1, 2.0, 5.0)]
+    floor = {r.trace: r for r in quickest([loaded, quiet, loaded])}
+    assert (floor[6].response, floor[6].completion) == (1.0, 4.0)
+    assert floor[1].succeeded and floor[1].response == 2.0  # a failed pass never stands for the floor

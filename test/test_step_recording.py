@@ -1,0 +1,42 @@
+"""What the batch controller learns from: engine steps that decoded."""
+
+from __future__ import annotations
+
+from timely_llm.clock import VirtualClock
+from timely_llm.core.features import Features
+from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import NORMAL_TUF
+from timely_llm.engines.base import StepOutput
+from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.sim import SimEngine
+from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.workloads.traces import load_catalog
+
+SKILLS = load_skill_models()
+CATALOG = load_catalog()
+
+
+class CompilingFirst(SimEngine):
+    """The simulator, except that its first steps run nothing, as vLLM's while a grammar compiles."""
+
+    waits = 3
+
+    def step(self) -> StepOutput:
+        if self.waits:
+            self.waits -= 1
+            return StepOutput(duration=0.0005)
+        return super().step()
+
+
+def test_engine_steps_that_decode_nothing_do_not_teach_the_batch_controller() -> None:
+    # such a step timed as a decode step of the whole batch made the throughput curve's knee 1 on the CPU
+    engine = CompilingFirst(load_profile("cpu-2core-smollm2-135m"))
+    server = Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), features=Features(ala=True))
+    trace = CATALOG[1]
+    server.submit(PlanRequest("r", "a", trace.robot, engine.tokenizer.encode(trace.prompt), NORMAL_TUF,
+                              forced_ids=engine.tokenizer.encode(trace.plan)))
+    for _ in range(8):
+        server.step()
+    assert engine.waits == 0
+    samples = list(server.batch.steps._samples)
+    assert samples and min(d for _, d in samples) > 0.001

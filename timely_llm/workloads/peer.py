@@ -1,0 +1,53 @@
+"""Mixed-robot workloads for the real-engine peer benchmark (``timely-llm peer-bench``).
+
+Plans are generated from the LRTrace task texts (not replayed), so every request costs what the
+model writes. ``light`` keeps the engine mostly idle between arrivals; ``contended`` sends bursts
+of tasks, more than the engine serves at once, so requests queue and the policies differ.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from timely_llm.workloads.generator import Workload, WorkloadRequest, default_tuf
+from timely_llm.workloads.traces import TraceCatalog
+
+URGENT_TRACES = (6, 7, 8)
+NORMAL_TRACES = (1, 2, 3, 4, 5)
+ARM_TRACES = (9, 10, 11)
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    name: str
+    requests: int
+    events_per_second: float
+    max_tasks_per_event: int
+    urgent_share: float
+    arm_share: float
+
+
+PEER_WORKLOADS = {
+    "light": PeerSpec("light", 15, 15 / 54, 1, 1 / 3, 0.2),
+    "contended": PeerSpec("contended", 34, 0.5, 6, 0.4, 0.2),
+}
+
+
+def generate_peer(spec: PeerSpec, catalog: TraceCatalog, seed: int = 0, network_latency: float = 0.008) -> Workload:
+    """``spec.requests`` tasks in Poisson events of 1..``max_tasks_per_event`` tasks (1 ms apart), each task
+    urgent, arm or normal drone by the spec's shares; every agent runs one task."""
+    rng = random.Random(seed)
+    requests: list[WorkloadRequest] = []
+    t = rng.expovariate(spec.events_per_second)
+    while len(requests) < spec.requests:
+        for i in range(min(rng.randint(1, spec.max_tasks_per_event), spec.requests - len(requests))):
+            draw = rng.random()
+            pool = (URGENT_TRACES if draw < spec.urgent_share
+                    else ARM_TRACES if draw < spec.urgent_share + spec.arm_share else NORMAL_TRACES)
+            trace = catalog[rng.choice(pool)]
+            prefix = "arm" if trace.robot == "arm" else "drone"
+            requests.append(WorkloadRequest(f"r{len(requests):05d}", round(t + i * 0.001, 6),
+                                            f"{prefix}-{len(requests):02d}", trace.id, default_tuf(trace.category)))
+        t += rng.expovariate(spec.events_per_second)
+    return Workload(f"peer-{spec.name}", network_latency, tuple(requests))
