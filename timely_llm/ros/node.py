@@ -25,12 +25,13 @@ with 10 messages a second.)
 Lifecycle: configure loads the engine and starts the server loop, activate accepts
 goals, deactivate ends the goals in flight (aborted, "server deactivated"), cleanup
 frees the engine, shutdown aborts what is in flight ("server shutting down") and waits
-briefly for the results to go out. No transition blocks the executor: ChangeState runs
-in a callback group of its own, and a configure waits there while a thread loads the
-engine, so get_state, the parameter services and the status keep answering; a failed
-configure leaves the node unconfigured, with the reason logged and on ``/diagnostics``.
-Parameter ``autostart`` (default true) configures and activates once the node spins (a
-one-shot timer), so no lifecycle manager is needed.
+briefly for the results to go out. No transition blocks the executor, which in the node's
+own process has one thread: ChangeState's callback is a coroutine awaiting its transition
+in a thread, and a configure waits there while another thread loads the engine, so
+get_state, the parameter services and the status keep answering; a failed configure
+leaves the node unconfigured, with the reason logged and on ``/diagnostics``. Parameter
+``autostart`` (default true) configures and activates in a thread once the node spins (a
+one-shot timer starts it), so no lifecycle manager is needed.
 """
 
 from __future__ import annotations
@@ -92,13 +93,13 @@ IDLE_WAIT_S = 0.05
 WATCHDOG_PERIOD_S = 0.1
 CATEGORIES = tuple(DEFAULT_TUFS)
 EXECUTOR_THREADS = 8
-"""One per callback group (goals and results, reports, watchdog, status and diagnostics, lifecycle transitions,
-lifecycle queries, parameters) and one spare: no goal holds a thread, and a configure loading the engine holds
-only the transitions'."""
+"""A session shared with clients that may wait (tests, fleet, demo): one thread per callback group (goals and
+results, reports, watchdog, status and diagnostics, lifecycle transitions, lifecycle queries, parameters) and
+one spare, so no goal holds a thread."""
 NODE_EXECUTOR_THREADS = 1
-"""The node's own process (``main``) spins a SingleThreadedExecutor: no callback of the node waits on another,
-and Jazzy's MultiThreadedExecutor costs several times the node's CPU per goal in its own bookkeeping (README,
-"The loop's own cost")."""
+"""The node's own process (``main``) spins a SingleThreadedExecutor: no callback of the node waits (transitions
+run in threads of their own), and Jazzy's MultiThreadedExecutor costs several times the node's CPU per goal in
+its own bookkeeping (README, "The loop's own cost")."""
 SPIN_WAKE_S = 0.1
 """The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
 SHUTDOWN_TIMEOUT_S = 1.5
