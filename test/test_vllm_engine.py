@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 from guards import bounded
@@ -82,6 +83,12 @@ def drive(engine: VllmEngine, specs: list[GenerationSpec], every: int = 0) -> Ru
     return run
 
 
+def vllm_request(engine: VllmEngine, gen_id: str) -> Any:
+    """vLLM's own request object behind ``gen_id``'s live request."""
+    live = engine._gens[gen_id].request_id
+    return next(r for key, r in engine._scheduler().requests.items() if key.rpartition("-")[0] == live)
+
+
 @pytest.fixture(scope="module")
 def prompts(engine: VllmEngine) -> list[list[int]]:
     return [corpus_prompt(engine, start, n) for start, n in [(0, 140), (40, 260), (90, 400)]]
@@ -120,12 +127,57 @@ def test_every_resume_hits_the_prefix_cache(engine: VllmEngine, prompts: list[li
         assert not info.evicted
 
 
-def test_resume_at_exact_block_multiple_reports_cache(engine: VllmEngine) -> None:
+def test_suspend_keeps_the_request_in_place_and_resume_prefills_nothing(
+    engine: VllmEngine, prompts: list[list[int]]
+) -> None:
+    spec = GenerationSpec("inplace", prompts[1], max_new_tokens=12)
+    straight = drive(engine, [replace(spec, gen_id="inplace-straight")])
+    engine.start(spec)
+    output: list[int] = []
+    guard = bounded()
+    while len(output) < 5:
+        next(guard)
+        output += engine.step().new_tokens.get("inplace", [])
+    engine.suspend("inplace")
+    request = vllm_request(engine, "inplace")
+    computed = request.num_computed_tokens
+    other = drive(engine, [GenerationSpec("meanwhile", prompts[0], max_new_tokens=6)])
+    assert len(other.outputs["meanwhile"]) == 6
+    assert request.num_computed_tokens == computed, "a paused request was scheduled"
+    engine.start(replace(spec, output_ids=output))
+    out = engine.step()
+    assert vllm_request(engine, "inplace") is request
+    assert request.num_computed_tokens == computed + 1, "the resume prefilled again"
+    assert out.started["inplace"] == ResumeInfo(len(prompts[1]) + 5, len(prompts[1]) + 5, False)
+    output += out.new_tokens["inplace"]
+    while "inplace" not in out.finished:
+        next(guard)
+        out = engine.step()
+        output += out.new_tokens.get("inplace", [])
+    engine.release("inplace")
+    assert output == straight.outputs["inplace-straight"]
+
+
+def test_crowded_out_pause_resumes_from_the_prefix_cache_at_an_exact_block_multiple(engine: VllmEngine) -> None:
     prompt = corpus_prompt(engine, 200, 2 * engine.block_size)[: 2 * engine.block_size - 4]
-    run = drive(engine, [GenerationSpec("edge", prompt, max_new_tokens=8)], every=4)
-    edge = next(i for i in run.resumes if i.context_tokens == 2 * engine.block_size)
-    assert edge.cached_tokens == engine.block_size
-    assert not edge.evicted
+    edge = GenerationSpec("edge", prompt, max_new_tokens=8)
+    straight = drive(engine, [replace(edge, gen_id="edge-straight")])
+    engine.start(edge)
+    output: list[int] = []
+    guard = bounded()
+    while len(output) < 4:
+        next(guard)
+        output += engine.step().new_tokens.get("edge", [])
+    engine.suspend("edge")
+    # Newcomers that fill vLLM's batch take the paused request's slot: it is aborted, its full blocks cached.
+    crowd = [GenerationSpec(f"crowd{i}", [20 + i, 30, 40], max_new_tokens=1) for i in range(engine.max_batch)]
+    drive(engine, crowd)
+    resumed = drive(engine, [replace(edge, output_ids=output)])
+    info = resumed.resumes[0]
+    assert info.context_tokens == 2 * engine.block_size
+    assert info.cached_tokens == engine.block_size
+    assert not info.evicted
+    assert resumed.outputs["edge"] == straight.outputs["edge-straight"]
 
 
 @pytest.mark.parametrize("every", [0, 4])

@@ -1,7 +1,12 @@
 """An embedded vLLM engine: one ``LLMEngine.step()`` per ``Engine.step()``.
 
-Suspending aborts the vLLM request; its KV blocks stay in vLLM's prefix cache
-(until evicted), so resuming with prompt + generated ids prefills only the tail.
+Suspending pauses the vLLM request where it is: it stays in vLLM's running list with
+its KV blocks, grammar state and token ids, but vLLM's scheduler skips it (its
+``next_decode_eligible_step`` is set past any step), so a resume decodes on at once
+with nothing prefilled again. Where a newcomer needs the memory or the batch slot a
+paused request holds, or vLLM preempts it, the oldest paused request is aborted
+instead: its full KV blocks stay in vLLM's prefix cache (until evicted), and
+resuming it with prompt + generated ids prefills only the tail.
 Scheduling is synchronous and there is no speculative decoding, so each step
 yields at most one token per running generation: when the server suspends right
 after a step that completed a segment, nothing past the boundary was generated.
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +26,7 @@ from typing import Any
 from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.request import RequestStatus
 
 from timely_llm.engines.base import (
     Engine,
@@ -33,6 +40,8 @@ from timely_llm.engines.vllm_args import check_fields, create_config
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
+PAUSED = sys.maxsize
+"""A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
 
 
 class HfTokenizer:
@@ -61,9 +70,14 @@ class _Generation:
     awaiting_first_output: bool = False
     preemptions: int = 0
     """vLLM's preemptions of the live request seen so far."""
+    paused: Any = None
+    """The live vLLM request while suspended in place (its KV kept), else None."""
+    resumed_in_place: bool = False
 
 
 class VllmEngine(Engine):
+    suspends_in_place = True
+
     def __init__(
         self,
         model: str | Path | None = None,
@@ -111,13 +125,21 @@ class VllmEngine(Engine):
         """vLLM's max_num_seqs as vLLM settled it: the server's batch cap follows it."""
         self._gens: dict[str, _Generation] = {}
         self._by_request: dict[str, str] = {}
+        self._paused: dict[str, _Generation] = {}
+        """Generations suspended in place, oldest first: the first to give their KV back."""
 
     def start(self, spec: GenerationSpec) -> None:
         gen = self._gens.get(spec.gen_id)
+        if gen is not None and gen.paused is not None:
+            if gen.output_ids == spec.output_ids and gen.spec.forced_ids == spec.forced_ids:
+                self._unpause(gen)
+                return
+            self._stop_request(gen)
         if gen is not None and gen.request_id is not None:
             raise EngineRejected(f"{spec.gen_id} is already running")
         context = spec.prompt_ids + spec.output_ids
         max_tokens = self._check_startable(spec, context)
+        self._make_room(self.blocks_for(len(context) + 1), slot=True)
         gen = _Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
         gen.request_id = f"{spec.gen_id}#{gen.starts}"
         try:
@@ -133,9 +155,15 @@ class VllmEngine(Engine):
 
     def suspend(self, gen_id: str) -> None:
         gen = self._gens[gen_id]
-        if gen.request_id is None:
+        if gen.request_id is None or gen.paused is not None:
             raise KeyError(f"{gen_id} is not running")
-        self._stop_request(gen)
+        request = self._live_request(gen)
+        if request is None or request.num_computed_tokens < request.num_tokens - 1:
+            self._stop_request(gen)  # still waiting or prefilling: nothing worth keeping in place
+            return
+        request.next_decode_eligible_step = PAUSED
+        gen.paused = request
+        self._paused[gen_id] = gen
 
     def release(self, gen_id: str) -> None:
         self._stop_request(self._gens.pop(gen_id))
@@ -152,10 +180,12 @@ class VllmEngine(Engine):
             if gen_id is not None:
                 self._record(self._gens[gen_id], out, result)
         self._record_preemptions(result)
+        self._make_room(len(self._by_request) - len(self._paused))  # each may need a block next step
         return result
 
     def free_kv_blocks(self) -> int:
-        return self._block_pool().get_num_free_blocks()
+        """Free blocks, counting those only paused requests hold: a newcomer gets them back."""
+        return self._block_pool().get_num_free_blocks() + sum(self._reclaimable(g) for g in self._paused.values())
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -216,7 +246,37 @@ class VllmEngine(Engine):
         self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params,
                                  priority=priority if self._priority_scheduling else 0)
 
+    def _unpause(self, gen: _Generation) -> None:
+        gen.paused.next_decode_eligible_step = 0
+        gen.paused = None
+        del self._paused[gen.spec.gen_id]
+        gen.context_tokens = len(gen.spec.prompt_ids) + len(gen.output_ids)
+        gen.awaiting_first_output = True
+        gen.resumed_in_place = True
+
+    def _make_room(self, blocks: int, slot: bool = False) -> None:
+        """Abort paused requests, oldest first, until ``blocks`` are free (and with ``slot``, vLLM's
+        batch has room for one more request), so vLLM never preempts or queues on their account."""
+        scheduler = self._scheduler()
+        while self._paused and (self._block_pool().get_num_free_blocks() < blocks or slot and
+                                len(scheduler.running) + len(scheduler.waiting) >= self.max_batch):
+            self._stop_request(next(iter(self._paused.values())))
+
+    def _reclaimable(self, gen: _Generation) -> int:
+        blocks = self._scheduler().kv_cache_manager.coordinator.get_blocks(gen.paused.request_id)
+        return sum(1 for group in blocks for block in group if block.ref_cnt == 1)
+
+    def _live_request(self, gen: _Generation) -> Any:
+        """vLLM's request object for ``gen``'s live request (keyed by our id plus a suffix), if running."""
+        for key, request in self._scheduler().requests.items():
+            if key.rpartition("-")[0] == gen.request_id or key == gen.request_id:
+                return request if request.status == RequestStatus.RUNNING else None
+        return None
+
     def _stop_request(self, gen: _Generation) -> None:
+        if gen.paused is not None:
+            gen.paused = None
+            del self._paused[gen.spec.gen_id]
         request_id, gen.request_id = gen.request_id, None
         if request_id is not None:
             del self._by_request[request_id]
@@ -243,7 +303,9 @@ class VllmEngine(Engine):
     def _record_preemptions(self, result: StepOutput) -> None:
         """vLLM's own recompute preemptions this step. vLLM does not say how much of a preempted
         request's context its prefix cache serves back, so the recomputed tokens counted are all
-        the tokens it held (an upper bound)."""
+        the tokens it held (an upper bound). A paused request vLLM preempted is aborted: resumed by
+        vLLM, it would decode unasked."""
+        preempted_paused = []
         for request in self._scheduler().requests.values():
             # vLLM keys its requests by an internal id: ours plus "-" and a random suffix
             rid = request.request_id
@@ -253,8 +315,15 @@ class VllmEngine(Engine):
                 gen.preemptions = request.num_preemptions
                 result.preempted.append(gen_id)
                 result.recomputed_tokens += request.num_tokens
+                if gen.paused is not None:
+                    preempted_paused.append(gen)
+        for gen in preempted_paused:
+            self._stop_request(gen)
 
     def _resume_info(self, gen: _Generation, cached: int) -> ResumeInfo:
+        if gen.resumed_in_place:
+            gen.resumed_in_place = False
+            return ResumeInfo(gen.context_tokens, gen.context_tokens, False)
         # vLLM always recomputes the last context token, so a full hit covers the
         # full blocks of context_tokens - 1.
         expected = (gen.context_tokens - 1) // self.block_size * self.block_size

@@ -96,17 +96,34 @@ def _resume_costs(engine: Engine, spec: GenerationSpec, plan_ids: list[int], at:
     for kind, samples in runs.items():
         result[f"resume_{kind}_ms"] = statistics.median(s for s, _ in samples) * 1e3
         result[f"resume_{kind}_hit_tokens"] = min(c for _, c in samples)
+    if engine.suspends_in_place:
+        paused = [_paused_first_token(engine, replace(resume, max_new_tokens=at + 2)) for _ in range(repeats)]
+        result["resume_in_place_ms"] = statistics.median(paused) * 1e3
     return result
 
 
-def _first_token(engine: Engine, spec: GenerationSpec) -> tuple[float, int]:
+def _paused_first_token(engine: Engine, spec: GenerationSpec) -> float:
+    """Seconds from resuming a generation suspended in place (its KV kept) to its next token."""
+    _first_token(engine, spec, release=False)
+    engine.suspend(spec.gen_id)
+    began = time.perf_counter()
+    engine.start(replace(spec, output_ids=engine.output_ids(spec.gen_id)))  # type: ignore[attr-defined]
+    while not engine.step().new_tokens.get(spec.gen_id):
+        pass
+    elapsed = time.perf_counter() - began
+    engine.release(spec.gen_id)
+    return elapsed
+
+
+def _first_token(engine: Engine, spec: GenerationSpec, release: bool = True) -> tuple[float, int]:
     """Seconds from start to the first new token, and the cached token count."""
     began = time.perf_counter()
     engine.start(spec)
     while not (out := engine.step()).new_tokens.get(spec.gen_id):
         pass
     elapsed = time.perf_counter() - began
-    engine.release(spec.gen_id)
+    if release:
+        engine.release(spec.gen_id)
     return elapsed, out.started[spec.gen_id].cached_tokens
 
 
