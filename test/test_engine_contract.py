@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -13,10 +14,10 @@ from timely_llm.engines.sim import SimEngine
 VLLM_MAX_NUM_SEQS = 8
 
 
-@pytest.fixture(scope="module", params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.fixture(scope="module", params=["sim", "sim-in-place", pytest.param("vllm", marks=pytest.mark.vllm)])
 def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
-    if request.param == "sim":
-        yield SimEngine(load_profile("rtx4090-llama3-8b"))
+    if request.param.startswith("sim"):
+        yield SimEngine(load_profile("rtx4090-llama3-8b"), suspends_in_place=request.param == "sim-in-place")
         return
     from timely_llm.engines.vllm_engine import VllmEngine
 
@@ -101,3 +102,34 @@ def test_released_ids_can_start_again(engine: Engine) -> None:
 def test_batch_cap_is_declared(engine: Engine) -> None:
     expected = None if isinstance(engine, SimEngine) else VLLM_MAX_NUM_SEQS
     assert engine.max_batch == expected
+
+
+def collect(engine: Engine, gen_id: str, until: int = 1000) -> tuple[list[int], bool]:
+    """Step until ``gen_id`` has ``until`` new tokens or ends; its tokens and whether it ended."""
+    tokens: list[int] = []
+    for _ in range(100):
+        out = engine.step()
+        tokens += out.new_tokens.get(gen_id, [])
+        if gen_id in out.finished:
+            return tokens, True
+        if len(tokens) >= until:
+            return tokens, False
+    raise AssertionError(f"{gen_id} did not get {until} tokens or end in 100 steps")
+
+
+def test_a_suspended_generation_resumes_where_it_was_and_its_memory_counts_as_free(engine: Engine) -> None:
+    straight = spec(engine, "straight", plan_tokens=12)
+    engine.start(straight)
+    expected, _ = collect(engine, "straight")
+    engine.release("straight")
+    idle = engine.free_kv_blocks()
+    paused = replace(straight, gen_id="paused")
+    engine.start(paused)
+    output, ended = collect(engine, "paused", until=4)
+    assert not ended
+    engine.suspend("paused")
+    assert engine.free_kv_blocks() == idle  # a newcomer may have its blocks
+    engine.start(replace(paused, output_ids=output))
+    rest, _ = collect(engine, "paused")
+    engine.release("paused")
+    assert output + rest == expected

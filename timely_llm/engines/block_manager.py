@@ -108,6 +108,10 @@ class BlockManager:
                 self._chains.popitem(last=False)
         return chain
 
+    def held(self, owner: str) -> int:
+        """Blocks only ``owner`` holds: what releasing it would free."""
+        return sum(1 for block in self.tables.get(owner, []) if self._ref[block] == 1)
+
     def release(self, owner: str) -> None:
         for block in self.tables.pop(owner, []):
             self._ref[block] -= 1

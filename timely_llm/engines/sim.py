@@ -38,17 +38,32 @@ def zero_time(profile: HardwareProfile) -> HardwareProfile:
 
 
 class SimEngine(Engine):
-    def __init__(self, profile: HardwareProfile, tokenizer: SimTokenizer | None = None) -> None:
+    def __init__(self, profile: HardwareProfile, tokenizer: SimTokenizer | None = None,
+                 suspends_in_place: bool = False) -> None:
+        """``suspends_in_place``: model the embedded vLLM engine's suspension, which keeps a generation's
+        KV blocks until a newcomer needs them (a resume then prefills nothing); by default a suspension
+        drops them to the prefix cache, as the profiles were measured."""
         self.profile = profile
         self.tokenizer = tokenizer or SimTokenizer()
         self.block_size = profile.block_tokens
         self.blocks = BlockManager(profile.num_kv_blocks, self.block_size)
+        self.suspends_in_place = suspends_in_place
         self._running: dict[str, _Generation] = {}
         self._suspended: set[str] = set()
+        self._paused: dict[str, _Generation] = {}
+        """Suspended in place, oldest first: the first to drop their blocks when memory runs short."""
+        self._resumed: list[str] = []
 
     def start(self, spec: GenerationSpec) -> None:
         if spec.gen_id in self._running:
             raise EngineRejected(f"{spec.gen_id} is already running")
+        paused = self._paused.pop(spec.gen_id, None)
+        if paused is not None and paused.output == spec.output_ids:
+            self._running[spec.gen_id] = paused
+            self._resumed.append(spec.gen_id)
+            return
+        if paused is not None:
+            self._drop(paused)
         if spec.forced_ids is None:
             raise EngineRejected("the simulator replays recorded plans only: give the request a trace")
         if not spec.prompt_ids:
@@ -62,11 +77,15 @@ class SimEngine(Engine):
         self._running[spec.gen_id] = _Generation(spec, list(spec.output_ids))
 
     def suspend(self, gen_id: str) -> None:
-        del self._running[gen_id]  # KeyError when not running, as the Engine contract says
-        self.blocks.release(gen_id)  # its blocks stay in the prefix cache until reused
-        self._suspended.add(gen_id)
+        gen = self._running.pop(gen_id)  # KeyError when not running, as the Engine contract says
+        if self.suspends_in_place and gen.prefilled:
+            self._paused[gen_id] = gen
+        else:
+            self._drop(gen)
 
     def release(self, gen_id: str) -> None:
+        if gen_id in self._paused:
+            self._drop(self._paused.pop(gen_id))
         if gen_id in self._suspended:
             self._suspended.remove(gen_id)
             return
@@ -74,7 +93,22 @@ class SimEngine(Engine):
         self.blocks.release(gen_id)
 
     def free_kv_blocks(self) -> int:
-        return self.blocks.free_blocks
+        """Free blocks, counting those paused generations hold: a newcomer gets them back."""
+        return self.blocks.free_blocks + sum(self.blocks.held(gen_id) for gen_id in self._paused)
+
+    def _drop(self, gen: _Generation) -> None:
+        """Suspend by dropping the KV: its blocks stay in the prefix cache until reused."""
+        self.blocks.release(gen.spec.gen_id)
+        gen.prefilled = False
+        self._suspended.add(gen.spec.gen_id)
+
+    def _reclaim(self) -> bool:
+        """Drop the oldest paused generation's KV; False when none is paused."""
+        if not self._paused:
+            return False
+        gen_id = next(iter(self._paused))
+        self._drop(self._paused.pop(gen_id))
+        return True
 
     def blocks_for(self, num_tokens: int) -> int:
         return self.blocks.blocks_for(num_tokens)
@@ -91,6 +125,11 @@ class SimEngine(Engine):
         decode_contexts: list[int] = []
         scheduled: list[_Generation] = []
         preempted: dict[str, None] = {}  # in preemption order
+        for gen_id in self._resumed:
+            if gen_id in self._running:
+                context = len(self._running[gen_id].context)
+                out.started[gen_id] = ResumeInfo(context, context, evicted=False)
+        self._resumed.clear()
         for gen in list(self._running.values()):
             if gen.spec.gen_id in preempted:
                 continue
@@ -117,10 +156,13 @@ class SimEngine(Engine):
 
     def _prefill(self, gen: _Generation) -> ResumeInfo | None:
         context = gen.context
-        try:
-            cached = self.blocks.allocate(gen.spec.gen_id, context)
-        except OutOfBlocks:
-            return None  # waits for memory; the batch controller normally prevents this
+        while True:
+            try:
+                cached = self.blocks.allocate(gen.spec.gen_id, context)
+                break
+            except OutOfBlocks:
+                if not self._reclaim():
+                    return None  # waits for memory; the batch controller normally prevents this
         gen.prefilled = True
         # Like vLLM, the last token is always computed to produce logits, and the last sampled
         # token of a suspended generation never had its KV written: only full blocks of the
@@ -136,6 +178,8 @@ class SimEngine(Engine):
                 self.blocks.append(gen.spec.gen_id, [gen.output[-1]])
                 return True
             except OutOfBlocks:
+                if self._reclaim():
+                    continue
                 victim = self._victim(preempted)
                 self.blocks.release(victim.spec.gen_id)
                 victim.prefilled = False
