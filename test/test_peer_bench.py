@@ -10,7 +10,16 @@ from collections import Counter
 import pytest
 
 from timely_llm.core.skills import load_skill_models
-from timely_llm.evaluation.peer_bench import FLOOR, Run, RunRecord, _chunk, floor_requests, robot_times, table
+from timely_llm.evaluation.peer_bench import (
+    FLOOR,
+    Run,
+    RunRecord,
+    _chunk,
+    first_segments,
+    floor_requests,
+    robot_times,
+    table,
+)
 from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 from timely_llm.workloads.traces import load_catalog
 
@@ -112,3 +121,23 @@ def test_the_floor_is_each_tasks_quickest_succeeded_pass() -> None:
     floor = {r.trace: r for r in quickest([loaded, quiet, loaded])}
     assert (floor[6].response, floor[6].completion) == (1.0, 4.0)
     assert floor[1].succeeded and floor[1].response == 2.0  # a failed pass never stands for the floor
+
+
+def test_first_segments_split_an_urgent_requests_wait_by_step_kind() -> None:
+    # arrives at 10.0, starts at 10.02, first segment dispatched at 10.5; a prefill step (0.1 s), an empty
+    # step (vLLM compiling a grammar), three decode steps at batch 2 and 4; the step after dispatch is not its
+    log = {
+        "arrivals": {"u": 10.0, "n": 10.0},
+        "segments": {"u": [[10.02, 10.5, 9, 896], [10.5, 11.0, 4, None]], "n": [[10.0, 10.1, 3, 896]]},
+        "steps": [[9.9, 3, 0, 0.02], [10.02, 1, 1, 0.1], [10.12, 0, 0, 0.001], [10.13, 2, 0, 0.02],
+                  [10.2, 4, 0, 0.03], [10.3, 4, 0, 0.03], [10.5, 1, 0, 0.02]],
+    }
+    records = [_record(0, "urgent", 6, 0.5, 1.0), _record(1, "normal", 1, 0.1, 1.0)]
+    records[0].id, records[1].id = "u", "n"
+    out = first_segments([Run("node", "timelyllm", "w", 1, records, log)], "urgent")
+    row = [cell.strip() for cell in out.splitlines()[-1].strip("| ").split("|")]
+    assert row[:4] == ["w", "timelyllm", "1", "1"]
+    response, queued, prefill, decode, steps, per_step, batch, empty, outside = map(float, row[4:13])
+    assert (response, queued, prefill, decode, steps) == (0.5, 0.02, 0.1, 0.08, 3)
+    assert per_step == pytest.approx(26.7, abs=0.05) and batch == pytest.approx(3.3, abs=0.05)
+    assert empty == 0.001 and outside == pytest.approx(0.5 - 0.181, abs=1e-3)

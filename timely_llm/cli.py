@@ -434,6 +434,8 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
     p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
     p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="batch cap on both sides (default 64)")
+    p.add_argument("--block-size", type=_positive_int, default=None,
+                   help="KV block size in tokens on both sides (default: vLLM's, 128 on the CPU)")
     p.add_argument("--reserved-cpus", type=_nonneg_int, default=None,
                    help="VLLM_CPU_NUM_OF_RESERVED_CPU for vllm serve (0: its worker gets every core, as ours does; "
                         "default: vLLM's own, which keeps one core for the API server)")
@@ -448,7 +450,7 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _peer_bench(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench, Run, RunRecord, table
+    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench, Run, RunRecord, first_segments, table
 
     if args.inputs:
         runs = []
@@ -457,6 +459,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
                 records = [RunRecord(**r) for r in raw.pop("records")]
                 runs.append(Run(**raw, records=records))
         print(table(runs))
+        print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
         return 0
     if args.out is None:
         raise ConfigError("--out", None, "is required unless --from is given")
@@ -469,7 +472,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     path, dtype = resolve_model(args.model)
     engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
-                          max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens)
+                          max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, block_size=args.block_size)
     workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
     if args.first:
         workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
@@ -484,6 +487,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
     bench.run(progress)
     Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
     print(table(bench.runs))
+    print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(bench.runs))
     print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
     return 0
 

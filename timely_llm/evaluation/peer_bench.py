@@ -59,6 +59,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_tokens: int = 48
     seed: int = 0
+    block_size: int | None = None
+    """KV block size in tokens; None: vLLM's own (128 on the CPU)."""
 
 
 @dataclass
@@ -120,6 +122,8 @@ class ServeProcess:
                 "--disable-uvicorn-access-log"]
         if engine.dtype:
             args += ["--dtype", engine.dtype]
+        if engine.block_size:
+            args += ["--block-size", str(engine.block_size)]
         if priority:
             args += ["--scheduling-policy", "priority"]
         env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -242,7 +246,8 @@ def _chunk(line: bytes, finished: bool) -> tuple[str, bool]:
 
 
 class StepLog:
-    """The engine behind the server, recording every step (when, batch, prefills, seconds) and the time
+    """The engine behind the server, recording every step (when, generations that got a token, generations
+    (re)started, seconds) and the time
     each (re)start took in the loop (building the continuation grammar and submitting the request)."""
 
     def __init__(self, engine, clock) -> None:  # noqa: ANN001 - an Engine and the server's clock
@@ -262,9 +267,8 @@ class StepLog:
 
     def step(self):  # noqa: ANN201
         at = self._clock.now()
-        running = len(self._engine._by_request) if hasattr(self._engine, "_by_request") else -1
         out = self._engine.step()
-        self.steps.append((round(at, 4), running, len(out.started), round(out.duration, 4)))
+        self.steps.append((round(at, 4), len(out.new_tokens), len(out.started), round(out.duration, 4)))
         return out
 
 
@@ -382,6 +386,39 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def first_segments(runs: list[Run], category: str = "urgent") -> str:
+    """Where ``category``'s first segments spent their time on the node (from the step logs), means per
+    request: queued until (re)started, in engine steps that also prefilled, in decode steps (how many, ms
+    each, generations in each), in steps that ran nothing (vLLM compiling a grammar) and outside the engine
+    (the loop's own work, GIL), up to the first segment's dispatch. Runs without a step log are left out."""
+    head = ["workload", "policy", "round", "n", "response (s)", "queued", "prefill steps", "decode steps",
+            "decode steps (n)", "ms / decode step", "decode batch", "empty steps", "outside the engine"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for run in sorted((r for r in runs if r.log and r.side == "node"), key=lambda r: (r.workload, r.config, r.round)):
+        rows = [_first_segment(run.log, rid) for rid in run.log["segments"]
+                if next(rec.category for rec in run.records if rec.id == rid) == category]
+        if rows:
+            means = [statistics.fmean(column) for column in zip(*rows, strict=True)]
+            cells = [f"{v:.3f}" for v in means[:4]] + [f"{means[4]:.1f}", f"{means[5]:.1f}", f"{means[6]:.1f}"]
+            cells += [f"{v:.3f}" for v in means[7:]]
+            lines.append("| " + " | ".join([run.workload, run.config, str(run.round), str(len(rows)), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def _first_segment(log: dict, request_id: str) -> tuple[float, ...]:
+    arrival = log["arrivals"][request_id]
+    started, dispatched = log["segments"][request_id][0][:2]
+    steps = [s for s in log["steps"] if arrival <= s[0] < dispatched]
+    prefill = sum(s[3] for s in steps if s[2])
+    decodes = [s for s in steps if s[1] and not s[2]]
+    decode = sum(s[3] for s in decodes)
+    empty = sum(s[3] for s in steps if not s[1] and not s[2])
+    per_step = 1e3 * decode / len(decodes) if decodes else 0.0
+    batch = statistics.fmean(s[1] for s in decodes) if decodes else 0.0
+    return (dispatched - arrival, started - arrival, prefill, decode, len(decodes), per_step, batch, empty,
+            dispatched - arrival - sum(s[3] for s in steps))
+
+
 def _row_order(key: tuple[str, str, str]) -> tuple:
     workload, side, config = key
     return workload, side != "node", side, config
@@ -467,7 +504,8 @@ class PeerBench:
         progress(f"round {round_}: starting the node's engine")
         engine = VllmEngine(self.engine.model, max_model_len=self.engine.max_model_len,
                             kv_cache_gib=self.engine.kv_cache_gib, seed=self.engine.seed,
-                            max_num_seqs=self.engine.max_num_seqs)
+                            max_num_seqs=self.engine.max_num_seqs,
+                            **({"block_size": self.engine.block_size} if self.engine.block_size else {}))
         try:
             ids = {t: engine.tokenizer.encode(self.catalog.prompt_text(self.catalog[t].robot, self.catalog[t].prompt))
                    for t in self.catalog.traces}
