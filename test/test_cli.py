@@ -46,6 +46,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
+ORIN = "jetson-orin-nx-16gb-llama32-3b-q4"
 
 
 @pytest.mark.parametrize("argv,needles", [
@@ -55,6 +56,8 @@ BENCH = ["bench", "--workload", "WID1", "--policy", "timelyllm"]
     (["bench", "--engine", "vllm", "--hw", "h100-llama3-8b", "--workload", "WID1", "--policy", "vllm",
       "--out", "{tmp}/r.json"], ["--hw"]),
     ([*BENCH, "--model", "{tmp}", "--out", "{tmp}/r.json"], ["--model", "--engine vllm"]),
+    (["bench", "--engine", "vllm", "--suspend-in-place", "--workload", "WID1", "--policy", "vllm",
+      "--out", "{tmp}/r.json"], ["--suspend-in-place", "--engine sim"]),
     (["bench", "--engine", "vllm", "--model", "/no/such/model", "--workload", "WID1", "--policy", "vllm",
       "--out", "{tmp}/r.json"], ["--model", "/no/such/model"]),
     ([*BENCH, "--out", "{tmp}"], ["--out", "is a directory"]),
@@ -118,6 +121,24 @@ def test_table_reads_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixtur
     capsys.readouterr()
     assert main(["table", str(out)]) == 0
     assert "| one | timelyllm |" in capsys.readouterr().out
+
+
+def test_bench_suspends_in_place_on_the_simulator_when_asked(tmp_path: Path) -> None:
+    from timely_llm.engines.hardware import load_profile
+
+    block = load_profile(ORIN).block_tokens
+    resumes = {}
+    for flags in ([], ["--suspend-in-place"]):
+        out = tmp_path / f"r{len(flags)}.json"
+        assert main([*BENCH, "--hw", ORIN, *flags, "--out", str(out)]) == 0
+        result = json.loads(out.read_text())
+        resumes[result["hw"]] = [s["cached_tokens"] for r in result["requests"] for s in r["segments"][1:]
+                                 if s["cached_tokens"] is not None]
+    # the prefix cache serves whole blocks (all but the last token of a context that fills its last block);
+    # a resume in place has its whole context, whatever its length
+    whole_blocks = (0, block - 1)
+    assert resumes[ORIN] and all(cached % block in whole_blocks for cached in resumes[ORIN])
+    assert any(cached % block not in whole_blocks for cached in resumes[f"{ORIN}-in-place"])
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

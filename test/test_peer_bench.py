@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import zlib
@@ -9,12 +10,15 @@ from collections import Counter
 
 import pytest
 
+from timely_llm.core.request import Outcome, Status
 from timely_llm.core.skills import load_skill_models
+from timely_llm.core.tuf import TUF
 from timely_llm.evaluation.peer_bench import (
     FLOOR,
     Run,
     RunRecord,
     _chunk,
+    _node_record,
     first_segments,
     floor_requests,
     robot_times,
@@ -141,3 +145,12 @@ def test_first_segments_split_an_urgent_requests_wait_by_step_kind() -> None:
     assert (response, queued, prefill, decode, steps) == (0.5, 0.02, 0.1, 0.08, 3)
     assert per_step == pytest.approx(26.7, abs=0.05) and batch == pytest.approx(3.3, abs=0.05)
     assert empty == 0.001 and outside == pytest.approx(0.5 - 0.181, abs=1e-3)
+
+
+def test_a_node_plan_left_empty_gave_no_action_as_on_the_streaming_side() -> None:
+    skills = load_skill_models()
+    base = Outcome("r", "a", 8, "urgent", "tello", Status.SUCCEEDED, "", 0.0, TUF(0.2, -6.67, 2.0), "mf(50);", 12, (),
+                   response_time=0.4, completion_time=2.0)
+    assert _node_record(base, skills) == RunRecord("r", "urgent", 8, True, True, 0.4, 2.0, "mf(50);")
+    empty = dataclasses.replace(base, plan="", response_time=0.9, completion_time=0.9)
+    assert _node_record(empty, skills) == RunRecord("r", "urgent", 8, False, False, None, None, "")

@@ -159,9 +159,15 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overrun-strategy", default=None, choices=OVERRUN_STRATEGIES,
                    help="every request's overrun strategy (TimeBill): what becomes of a segment that overran its "
                         "deadline; default: each request's own (workload files: field overrun; else none)")
+    p.add_argument("--suspend-in-place", action="store_true", help=SUSPEND_IN_PLACE_HELP)
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
     _add_vllm_arg(p)
     p.set_defaults(run=_bench)
+
+
+SUSPEND_IN_PLACE_HELP = ("simulator: suspend as embedded vLLM does, keeping the KV in place until a newcomer "
+                         "needs it (a resume then prefills nothing), instead of dropping it to the prefix cache "
+                         "as the profiles were measured")
 
 
 def _features(text: str) -> str:
@@ -200,6 +206,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise ConfigError(option, None, "needs the simulator engine (--engine sim)")
     if args.engine == "sim" and (args.model is not None or args.vllm_arg):
         raise ConfigError("--model" if args.model is not None else "--vllm-arg", None, "applies to --engine vllm only")
+    if args.engine == "vllm" and args.suspend_in_place:
+        raise ConfigError("--suspend-in-place", None, "applies to --engine sim (vLLM always suspends in place)")
     profile = load_profile(args.hw or DEFAULT_HW)
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
@@ -219,7 +227,7 @@ def _bench(args: argparse.Namespace) -> int:
                               scheduling_policy=("--policy", scheduling), **cap)
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
-        setup = dataclasses.replace(EngineSetup.simulator(profile), profile=step_model)
+        setup = dataclasses.replace(EngineSetup.simulator(profile, args.suspend_in_place), profile=step_model)
     result = run_bench(workload, args.policy, setup, skills, catalog, args.seed, args.max_batch, features)
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_summary(result)
@@ -298,6 +306,7 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
                    help="sets of scheduler parts, each run under every policy but the baselines "
                         "(vllm, vllm-stream, vllm-priority: once, without parts; see bench --features)")
     p.add_argument("--jobs", type=int, default=sweep.default_jobs(), help="worker processes")
+    p.add_argument("--suspend-in-place", action="store_true", help=SUSPEND_IN_PLACE_HELP)
     p.add_argument("--out", required=True, type=_out_file, help="sweep JSON file to write")
     p.set_defaults(run=_sweep)
 
@@ -369,7 +378,7 @@ def _sweep(args: argparse.Namespace) -> int:
     for hw in args.hw:
         load_profile(hw)  # a bad name fails here, before any run
     grid = Grid(tuple(args.hw), tuple(args.policies), tuple(args.agents), tuple(caps), args.duration,
-                args.seed, args.bench_seed, args.kv_gib, tuple(args.features))
+                args.seed, args.bench_seed, args.kv_gib, tuple(args.features), args.suspend_in_place)
     result = run_grid(grid, args.jobs)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(markdown_table(result))

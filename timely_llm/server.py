@@ -18,7 +18,6 @@ together, in one method per transition of the state machine drawn in
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -78,8 +77,6 @@ def parts_of(policy: ServingPolicy, features: Features) -> Features:
 
 
 DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs: the batch cap of every policy unless one is given
-HOLD_SLACK = 2.0
-"""A later segment is held back only while its robot stays busy for over this many times its worst case."""
 
 
 @dataclass
@@ -158,8 +155,6 @@ class Server:
         self._evicted: set[str] = set()
         """Generations Amin suspended whose resume prefill is still to count as recomputed."""
         self.deferral = self._deferred_prefill(estimator) if features.deferred_prefill else None
-        self.holds = policy.segmented and engine.suspends_in_place
-        """Just-in-time later segments (``_hold_back``): where suspending costs no prefill."""
 
     # ----- called by robots and front ends (any thread) -----
 
@@ -299,7 +294,6 @@ class Server:
         if self.times:
             self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
             self.queue.token_time = self.times.token_time()
-        held = self._hold_back(now) if self.holds else []
         prefilling = deferring = False
         while len(self.queue) > 0:
             request = self._most_urgent_parked() if deferring else self.queue.best(now)
@@ -330,34 +324,9 @@ class Server:
                 prefilling = True
             started.append((request, uncached))
         self._suspend_parked()
-        for request in held:
-            self.queue.push(request)
         if prefilling and self.deferral is not None:
             self.deferral.prefilled(len(self.running))
         self._predict_gen_times(started)
-
-    def _hold_back(self, now: float) -> list[Request]:
-        """While a robot waits for an action (a first segment, or a late one), later segments whose robots
-        stay busy for long leave the batch, so the waiting robots' segments decode in a smaller one: parked
-        ones are suspended (in place: the engine keeps their KV) and, with the suspended ones still holding
-        on, kept out of this scheduling point; each comes back once no robot waits or its slack runs short.
-        Returns those held, out of the queue until the point ends."""
-        batch = len(self.running) + 1
-        step = self.batch.step_time(batch)
-        if step <= 0 or not any(self._robot_waits(r, now) for r in itertools.chain(self.running.values(), self.queue)):
-            return []
-        held = [r for r in self.queue if r.seg_index > 0
-                and self.batch.budget(r, now) > HOLD_SLACK * self.batch.wcet(r, batch) + step]
-        for request in held:
-            if request.id in self.parked:
-                self._suspend(request)
-            self.queue.remove(request.id)
-        if held:
-            self.counters["held_segments"] += len(held)
-        return held
-
-    def _robot_waits(self, request: Request, now: float) -> bool:
-        return request.seg_index == 0 or self.batch.budget(request, now) <= 0
 
     def _predict_gen_times(self, started: list[tuple[Request, int]]) -> None:
         """G(s) of each segment whose generation (re)started at this scheduling point, for the records."""

@@ -121,14 +121,17 @@ class VllmEngine(Engine):
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
         self.max_batch: int = config.scheduler_config.max_num_seqs
-        self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         """vLLM's max_num_seqs as vLLM settled it: the server's batch cap follows it."""
+        self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         self._gens: dict[str, _Generation] = {}
         self._by_request: dict[str, str] = {}
         self._paused: dict[str, _Generation] = {}
         """Generations suspended in place, oldest first: the first to give their KV back."""
+        self._paused_blocks: int | None = None
+        """Blocks only paused requests hold; None once a start, suspend, release or step may have changed it."""
 
     def start(self, spec: GenerationSpec) -> None:
+        self._paused_blocks = None
         gen = self._gens.get(spec.gen_id)
         if gen is not None and gen.paused is not None:
             if gen.output_ids == spec.output_ids and gen.spec.forced_ids == spec.forced_ids:
@@ -154,6 +157,7 @@ class VllmEngine(Engine):
         self._by_request[gen.request_id] = spec.gen_id
 
     def suspend(self, gen_id: str) -> None:
+        self._paused_blocks = None
         gen = self._gens[gen_id]
         if gen.request_id is None or gen.paused is not None:
             raise KeyError(f"{gen_id} is not running")
@@ -166,9 +170,11 @@ class VllmEngine(Engine):
         self._paused[gen_id] = gen
 
     def release(self, gen_id: str) -> None:
+        self._paused_blocks = None
         self._stop_request(self._gens.pop(gen_id))
 
     def step(self) -> StepOutput:
+        self._paused_blocks = None
         began = time.perf_counter()
         try:
             outputs = self._engine.step()
@@ -185,7 +191,9 @@ class VllmEngine(Engine):
 
     def free_kv_blocks(self) -> int:
         """Free blocks, counting those only paused requests hold: a newcomer gets them back."""
-        return self._block_pool().get_num_free_blocks() + sum(self._reclaimable(g) for g in self._paused.values())
+        if self._paused_blocks is None:  # the scheduler asks once per candidate: count once per change
+            self._paused_blocks = sum(self._reclaimable(g) for g in self._paused.values())
+        return self._block_pool().get_num_free_blocks() + self._paused_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

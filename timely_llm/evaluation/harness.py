@@ -91,8 +91,10 @@ class EngineSetup:
     ``timely-llm profile`` fitted to the real engine)."""
 
     @classmethod
-    def simulator(cls, profile: HardwareProfile) -> EngineSetup:
-        return cls(profile.name, lambda: SimEngine(profile), VirtualClock, profile)
+    def simulator(cls, profile: HardwareProfile, suspends_in_place: bool = False) -> EngineSetup:
+        """A fresh simulator per run; ``suspends_in_place`` models embedded vLLM's suspension (KV kept)."""
+        name = f"{profile.name}-in-place" if suspends_in_place else profile.name
+        return cls(name, lambda: SimEngine(profile, suspends_in_place=suspends_in_place), VirtualClock, profile)
 
     @classmethod
     def real(cls, name: str, engine: Engine, profile: HardwareProfile | None = None) -> EngineSetup:

@@ -303,10 +303,12 @@ def node_replay(engine, workload: Workload, requests: list[WorkloadRequest], pol
 
 
 def _node_record(outcome: Outcome, skills: dict[str, SkillModel]) -> RunRecord:
+    """As a streaming robot's record: a plan left empty (no statement completed within the token budget)
+    gave its robot no action, so it did not succeed and has no response."""
     grammar = plan_grammar(skills[outcome.robot])
-    ok = outcome.response_time is not None
+    ok = outcome.response_time is not None and bool(outcome.plan.strip())
     return RunRecord(outcome.id, outcome.category, outcome.trace, ok, ok and grammar.accepts(outcome.plan),
-                     outcome.response_time, outcome.completion_time, outcome.plan)
+                     outcome.response_time if ok else None, outcome.completion_time if ok else None, outcome.plan)
 
 
 def quickest(passes: list[list[RunRecord]]) -> list[RunRecord]:
@@ -390,13 +392,14 @@ def first_segments(runs: list[Run], category: str = "urgent") -> str:
     """Where ``category``'s first segments spent their time on the node (from the step logs), means per
     request: queued until (re)started, in engine steps that also prefilled, in decode steps (how many, ms
     each, generations in each), in steps that ran nothing (vLLM compiling a grammar) and outside the engine
-    (the loop's own work, GIL), up to the first segment's dispatch. Runs without a step log are left out."""
+    (the loop's own work, GIL), up to the first segment's dispatch; over the requests the table counts (plans
+    that gave their robot an action). Runs without a step log are left out."""
     head = ["workload", "policy", "round", "n", "response (s)", "queued", "prefill steps", "decode steps",
             "decode steps (n)", "ms / decode step", "decode batch", "empty steps", "outside the engine"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for run in sorted((r for r in runs if r.log and r.side == "node"), key=lambda r: (r.workload, r.config, r.round)):
-        rows = [_first_segment(run.log, rid) for rid in run.log["segments"]
-                if next(rec.category for rec in run.records if rec.id == rid) == category]
+        rows = [_first_segment(run.log, rec.id) for rec in run.records
+                if rec.category == category and rec.succeeded and rec.id in run.log["segments"]]
         if rows:
             means = [statistics.fmean(column) for column in zip(*rows, strict=True)]
             cells = [f"{v:.3f}" for v in means[:4]] + [f"{means[4]:.1f}", f"{means[5]:.1f}", f"{means[6]:.1f}"]

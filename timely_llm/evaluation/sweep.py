@@ -25,7 +25,7 @@ from typing import TypeVar
 from timely_llm.core.features import Features
 from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.engines.hardware import HardwareProfile, load_profile
-from timely_llm.evaluation.harness import run_bench
+from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.metrics import fmt_metric
 from timely_llm.server import POLICIES as SERVING_POLICIES
 from timely_llm.workloads.generator import BUILTIN, Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
@@ -57,6 +57,8 @@ class Grid:
     features: tuple[str, ...] = ("default",)
     """Sets of scheduler parts (``Features.parse``), each run under every policy of ours; the baselines
     (``BASELINES``: what a vLLM user gets without us) run once, without any."""
+    suspends_in_place: bool = False
+    """Simulate embedded vLLM's suspension, which keeps the KV in place (``SimEngine``)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -149,14 +151,15 @@ def _run_point(job: tuple[Grid, tuple[str, int, int | None, str, str]]) -> dict:
     skills, catalog, profile, isolated, workload = _inputs(grid, hw, agents)
     started = time.perf_counter()
     parts = Features.parse(features)
-    result = run_bench(workload, policy, profile, skills, catalog, grid.bench_seed, cap, parts)
+    setup = EngineSetup.simulator(profile, grid.suspends_in_place)
+    result = run_bench(workload, policy, setup, skills, catalog, grid.bench_seed, cap, parts)
     records = result["requests"]
     by_category: dict[str, list[float]] = {}
     for r in records:
         by_category.setdefault(r["category"], []).append(isolated[r["trace"]])
     ends = [s["exec_end"] for r in records for s in r["segments"] if s["exec_end"] is not None]
     return {
-        "hw": profile.name, "agents": agents, "cap": cap, "policy": policy, "features": parts.label(),
+        "hw": setup.name, "agents": agents, "cap": cap, "policy": policy, "features": parts.label(),
         "series": policy if len(grid.features) == 1 or policy in BASELINES else f"{policy} [{parts.label()}]",
         "events_per_second": EVENTS_PER_AGENT * agents, "requests": len(records),
         "summary": result["summary"],
