@@ -178,7 +178,7 @@ class BatchController:
         n = len(running)
         step_now, step_grown = self.step_time(n), self.step_time(n + 1)
         due = None if newcomer is None else self.budget(newcomer, now)
-        own = 0.0 if newcomer is None else self.wcet(newcomer, n + 1)
+        own = 0.0 if newcomer is None else self.wcet(newcomer, n + 1, step_grown)
         batch = running if isinstance(running, RunningBatch) else self.ordered(running)
         for budget, r in batch.more_urgent(due, now):  # only a more urgent generation (earlier deadline) vetoes
             wcet_now, wcet_grown = self.wcet(r, n, step_now), self.wcet(r, n + 1, step_grown)

@@ -74,7 +74,7 @@ class GenerationQueue:
                 cols.column("gen_time")[:] = cols.column("gen_fixed") + cols.column("gen_tokens") * self.token_time
             self._scores = np.array(self.policy.scores(self._columns, now))  # a copy: removals edit it
             self._scored_at = (now, self.token_time)
-        return self._requests[int(np.argmax(self._scores))]
+        return self._requests[int(self._scores.argmax())]
 
     def _row(self, request: Request) -> tuple[float, ...]:
         """The request's values for ``QueueColumns.NAMES``."""
