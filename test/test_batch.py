@@ -1,5 +1,8 @@
 """Latency-guided batch control: admit and refuse decisions."""
 
+import random
+from collections import Counter
+
 from timely_llm.core.batch import BatchController, StepModel
 from timely_llm.core.request import Request, Segment
 from timely_llm.core.skills import load_skill_models
@@ -110,3 +113,76 @@ def test_no_veto_when_waiting_would_make_the_newcomer_late_too():
     due_now = running("d", 2.2, NORMAL_TUF)
     assert not controller().admits([protected], 2.9, 100, 1, relaxed)
     assert controller().admits([protected], 2.9, 100, 1, due_now)
+
+
+def test_a_generation_exactly_as_urgent_as_the_newcomer_does_not_veto():
+    # At batch 1 (0.02 s a step, 0.04 s at 2) a running later segment, 10 tokens left, budget 0.3 s: savable
+    # (0.2 s) until the batch grows (0.4 s). A resumed newcomer (1 token left: 0.04 s) due as late as it or
+    # later could wait for it (0.3 - 0.2 >= 0.04), so only urgency decides.
+    protected = running("p", 0.0, NORMAL_TUF, prev_end=0.3 + NET)
+    same = running("same", 0.0, NORMAL_TUF, seg_tokens=9, prev_end=0.3 + NET)
+    later = running("later", 0.0, NORMAL_TUF, seg_tokens=9, prev_end=0.31 + NET)
+    c = controller()
+    assert c.budget(same, 0.0) == c.budget(protected, 0.0)
+    assert c.admits([protected], 0.0, 100, 1, same)  # not more urgent: no veto
+    assert not c.admits([protected], 0.0, 100, 1, later)
+    assert c.admits(c.ordered([protected]), 0.0, 100, 1, same)
+    assert not c.admits(c.ordered([protected]), 0.0, 100, 1, later)
+
+
+def test_a_generation_admitted_at_a_scheduling_point_vetoes_the_next_candidates():
+    c = controller()
+    calm = running("calm", 0.0, NORMAL_TUF, prev_end=100.0)
+    protected = running("p", 0.0, NORMAL_TUF, seg_tokens=8, prev_end=0.1 + NET)  # 2 tokens left, budget 0.1 s
+    later = running("later", 0.0, NORMAL_TUF, seg_tokens=9, prev_end=0.5)
+    batch = c.ordered([calm])
+    assert c.admits(batch, 0.0, 100, 1, protected)
+    assert c.admits(batch, 0.0, 100, 1, later)  # nothing more urgent than it runs yet
+    batch.add(protected)
+    assert [r.id for r in batch] == ["p", "calm"]  # deadline order
+    assert c.wcet(protected, 2) <= c.budget(protected, 0.0) < c.wcet(protected, 3)  # 0.08 <= 0.1 < 0.12
+    assert not c.admits(batch, 0.0, 100, 1, later)
+
+
+def _walk(c, batch, now, newcomer):
+    """The veto rule as first written, every running generation looked at (None: admitted, else why not)."""
+    n = len(batch)
+    due, own = c.budget(newcomer, now), c.wcet(newcomer, n + 1)
+    spared = False
+    for r in batch:
+        budget = c.budget(r, now)
+        wcet_now, wcet_grown = c.wcet(r, n), c.wcet(r, n + 1)
+        if budget < due and wcet_now <= budget < wcet_grown:
+            if due - wcet_now < own:
+                spared = True
+                continue
+            return "veto"
+    return "spared" if spared else None
+
+
+def _generation(rng, name, deadlines):
+    return running(name, 0.0, NORMAL_TUF, seg_tokens=rng.randrange(4, 10), prev_end=rng.choice(deadlines) + NET)
+
+
+def test_kept_order_decides_as_walking_the_whole_batch_through_many_scheduling_points():
+    """Random scheduling points: candidates of every urgency, some due at the same time as a running one,
+    some past saving; each one admitted joins the batch, as in ``Server._schedule``."""
+    rng = random.Random(7)
+    c = BatchController(adaptive=True, network_latency=NET)
+    for b in (1, 2, 4, 8):
+        c.record_step(0.016 + 0.01 * b, batch=b)
+    seen = Counter()
+    for point in range(300):
+        now = rng.uniform(0.0, 0.1)
+        deadlines = [rng.uniform(0.0, 0.7) for _ in range(6)]  # drawn from few: ties are common
+        walked = [_generation(rng, f"{point}r{i}", deadlines) for i in range(rng.randrange(1, 6))]
+        batch = c.ordered(walked)
+        for k in range(6):
+            candidate = _generation(rng, f"{point}c{k}", deadlines)
+            why_not = _walk(c, walked, now, candidate)
+            seen[why_not] += 1
+            assert c.admits(batch, now, 100, 1, candidate) == (why_not != "veto")
+            if why_not != "veto":
+                batch.add(candidate)
+                walked.append(candidate)
+    assert min(seen["veto"], seen["spared"], seen[None]) >= 50  # every branch of the rule was taken

@@ -1,7 +1,9 @@
 """TUF and priority arithmetic against hand-computed values."""
 
 import math
+import random
 
+import numpy as np
 import pytest
 
 from timely_llm.core.priority import EDF, FCFS, PUD
@@ -116,3 +118,42 @@ def test_queue_fetch_reevaluates_with_time():
     q.push(fresh)
     q.remove("s")
     assert q.best(11.6).id == "f" and len(q) == 1
+
+
+def _best_scored_afresh(q, now):
+    """What a fetch picks with every score computed anew (the first of equals in row order)."""
+    cols = q._columns
+    if q.token_time is not None:
+        cols.column("gen_time")[:] = cols.column("gen_fixed") + cols.column("gen_tokens") * q.token_time
+    return q._requests[int(np.argmax(q.policy.scores(cols, now)))]
+
+
+@pytest.mark.parametrize("policy", [PUD(0.008), EDF(), FCFS()], ids=lambda p: p.name)
+def test_fetches_at_one_time_pick_as_if_every_score_were_computed_anew(policy):
+    """A scheduling point fetches many times at one ``now`` and the queue keeps its scores in between: after
+    removals (rows moved), pushes, rewritten rows and a new token time, the pick is the same, ties included."""
+    rng = random.Random(3)
+    q = GenerationQueue(policy, gen_terms=lambda r: (0.05, 2.0 + r.seg_index))
+    q.token_time = 0.02
+    arrivals, ends = [9.0, 9.5, 10.0], [10.5, 11.0, 12.0]  # few values: equal scores are common
+    now, made = 10.0, 0
+    for _ in range(400):
+        op = rng.choice(["push", "push", "best", "remove", "update", "time", "token"])
+        if op == "push" or len(q) == 0:
+            tuf, prev_end = rng.choice([URGENT_TUF, NORMAL_TUF]), rng.choice([None, *ends])
+            q.push(_request(f"r{made}", rng.choice(arrivals), tuf, prev_end))
+            made += 1
+        elif op == "best":
+            q.remove(q.best(now).id)
+        elif op == "remove":
+            q.remove(rng.choice(list(q)).id)
+        elif op == "update":
+            request = rng.choice(list(q))
+            request.prev_end_est = rng.choice(ends)
+            q.update(request)
+        elif op == "time":
+            now = rng.choice([10.0, 10.3, 11.5])
+        else:
+            q.token_time = rng.choice([0.02, 0.05, None])
+        if len(q):
+            assert q.best(now) is _best_scored_afresh(q, now)

@@ -295,6 +295,7 @@ class Server:
             self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
             self.queue.token_time = self.times.token_time()
         prefilling = deferring = False
+        running = self.batch.ordered(self.running.values())  # kept in step with self.running below
         while len(self.queue) > 0:
             request = self._most_urgent_parked() if deferring else self.queue.best(now)
             if request is None:
@@ -309,7 +310,7 @@ class Server:
             if self.amin is not None:
                 needed = self.amin.reserve(request) if parked else self.amin.needed(request)
                 free = self.engine.free_kv_blocks() - reserved
-            if (not self.batch.admits(list(self.running.values()), now, free, needed, request)
+            if (not self.batch.admits(running, now, free, needed, request)
                     or self.overload.breaks_a_cutoff(request, now)):
                 if parked or not self.parked:
                     break
@@ -322,6 +323,8 @@ class Server:
             else:
                 self._run(request, now)
                 prefilling = True
+            if request.status is Status.RUNNING:  # not if the engine rejected it
+                running.add(request)
             started.append((request, uncached))
         self._suspend_parked()
         if prefilling and self.deferral is not None:

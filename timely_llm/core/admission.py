@@ -67,21 +67,24 @@ class AminAdmission:
 
     def bounds(self, request: Request) -> LengthBounds:
         """Remaining tokens of the request's current segment (always at least one more)."""
-        seg_max = request.robot.segment_max_tokens
-        lower = max(self.segments.lower(request.robot.robot) - request.seg_tokens, 1)
-        return LengthBounds(lower, max(seg_max - request.seg_tokens, lower))
+        lower = self._lower(request)
+        return LengthBounds(lower, max(request.robot.segment_max_tokens - request.seg_tokens, lower))
+
+    def _lower(self, request: Request) -> int:
+        """``bounds(request).lower``, for the loops that need only it."""
+        return max(self.segments.lower(request.robot.robot) - request.seg_tokens, 1)
 
     def reserve(self, request: Request) -> int:
         """Blocks a running generation still takes before reaching its lower bound."""
         context = request.context_tokens
-        return self.blocks_for(context - 1 + self.bounds(request).lower) - self.blocks_for(context - 1)
+        return self.blocks_for(context - 1 + self._lower(request)) - self.blocks_for(context - 1)
 
     def needed(self, request: Request) -> int:
         """Free blocks a generation (re)started now takes: its prompt less what other generations
         share with it in the prefix cache (its own generated tokens no one shares), the rest of its
         context and its segment's lower bound."""
         prompt = len(request.prompt_ids)
-        rest = self.blocks_for(request.context_tokens + self.bounds(request).lower) - self.blocks_for(prompt)
+        rest = self.blocks_for(request.context_tokens + self._lower(request)) - self.blocks_for(prompt)
         return self.blocks_to_start(request.prompt_ids) + rest
 
     @staticmethod
@@ -95,9 +98,10 @@ class AminAdmission:
         A running generation writes its last token's KV in the next step."""
         growth = reserve = 0
         for r in running:
-            written = self.blocks_for(r.context_tokens - 1)
-            growth += self.blocks_for(r.context_tokens) - written
-            reserve += self.blocks_for(r.context_tokens - 1 + self.bounds(r).lower) - written
+            context = r.context_tokens
+            written = self.blocks_for(context - 1)
+            growth += self.blocks_for(context) - written
+            reserve += self.blocks_for(context - 1 + self._lower(r)) - written
         return growth, reserve
 
 

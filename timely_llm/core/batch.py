@@ -7,8 +7,9 @@ per-iteration limit, so admissions keep up with resumes at any load.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from timely_llm.core.request import Request
 from timely_llm.core.throughput import CAP_BOUND_SPEED, ThroughputModel
@@ -56,6 +57,43 @@ class StepModel:
         proportional = mean_d / max(mean_b, 1.0)
         slope = proportional if var < 0.25 else min(max((sbd / n - mean_b * mean_d) / var, 0.0), proportional)
         return max(mean_d + slope * (batch - mean_b), 0.0)
+
+
+class RunningBatch(Sequence[Request]):
+    """The running generations in dispatch-deadline order, kept through one scheduling point.
+
+    Within a scheduling point ``now`` and the running generations' deadlines stay fixed (the server
+    holds its lock); only generations admitted join. A newcomer's check then looks only at those more
+    urgent than itself (``more_urgent``) instead of walking the whole batch for each candidate.
+    """
+
+    def __init__(self, running: Iterable[Request], network_latency: float) -> None:
+        self.network_latency = network_latency
+        pairs = sorted(((r.dispatch_deadline(network_latency), r) for r in running), key=lambda p: p[0])
+        self._deadlines = [deadline for deadline, _ in pairs]
+        self._requests = [request for _, request in pairs]
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - Sequence's int and slice overloads
+        return self._requests[index]
+
+    def add(self, request: Request) -> None:
+        """``request`` was admitted: it joins in deadline order (after those with the same deadline)."""
+        deadline = request.dispatch_deadline(self.network_latency)
+        at = bisect_right(self._deadlines, deadline)
+        self._deadlines.insert(at, deadline)
+        self._requests.insert(at, request)
+
+    def more_urgent(self, due: float | None, now: float) -> Iterator[tuple[float, Request]]:
+        """(budget at ``now``, generation) of each generation whose budget is below ``due`` (all without one).
+
+        Budgets are compared as ``BatchController.budget`` computes them (deadline - now): the deadline
+        order is their order, and a bisection on them finds exactly those below ``due``.
+        """
+        end = len(self._requests) if due is None else bisect_left(self._deadlines, due, key=lambda d: d - now)
+        return ((self._deadlines[i] - now, self._requests[i]) for i in range(end))
 
 
 class BatchController:
@@ -123,8 +161,14 @@ class BatchController:
     def has_room(self, running: int) -> bool:
         return self.max_batch is None or running < self.max_batch
 
+    def ordered(self, running: Iterable[Request]) -> RunningBatch:
+        """``running`` as ``admits`` reads it; one per scheduling point spares ordering it for each candidate."""
+        return RunningBatch(running, self.network_latency)
+
     def admits(self, running: Sequence[Request], now: float, free_blocks: int, needed_blocks: int,
                newcomer: Request | None = None) -> bool:
+        """May ``newcomer`` join ``running`` in the next iteration? ``running``: best a ``RunningBatch`` from
+        ``ordered``, kept through the scheduling point (any other sequence is ordered at each call)."""
         if not self.has_room(len(running)) or needed_blocks > free_blocks:
             return False
         if not self.adaptive or not running:
@@ -134,11 +178,9 @@ class BatchController:
         n = len(running)
         step_now, step_grown = self.step_time(n), self.step_time(n + 1)
         due = None if newcomer is None else self.budget(newcomer, now)
-        own = 0.0 if newcomer is None else self.wcet(newcomer, n + 1)
-        for r in running:
-            budget = self.budget(r, now)
-            if due is not None and budget >= due:
-                continue  # only a more urgent generation (earlier deadline) vetoes
+        own = 0.0 if newcomer is None else self.wcet(newcomer, n + 1, step_grown)
+        batch = running if isinstance(running, RunningBatch) else self.ordered(running)
+        for budget, r in batch.more_urgent(due, now):  # only a more urgent generation (earlier deadline) vetoes
             wcet_now, wcet_grown = self.wcet(r, n, step_now), self.wcet(r, n + 1, step_grown)
             if wcet_now <= budget < wcet_grown:
                 if due is not None and due - wcet_now < own:

@@ -24,6 +24,11 @@ class GenerationQueue:
         self._columns = QueueColumns()
         self._requests: list[Request] = []
         self._slot: dict[str, int] = {}
+        self._scores: np.ndarray | None = None
+        """Every row's score as last computed, for ``_scored_at`` (now, token time); a scheduling point
+        fetches many times at one ``now``, removing what it picks. Dropped when a row is pushed or rewritten,
+        kept in step with the rows when one is removed (scores are per row: the rest stand)."""
+        self._scored_at: tuple[float, float | None] | None = None
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -39,14 +44,19 @@ class GenerationQueue:
             raise ValueError(f"{request.id} is already queued")
         self._slot[request.id] = self._columns.append(self._row(request))
         self._requests.append(request)
+        self._scores = None
 
     def update(self, request: Request) -> None:
         """Rewrite a queued request's row in place after its scheduling parameters changed."""
         self._columns.set(self._slot[request.id], self._row(request))
+        self._scores = None
 
     def remove(self, request_id: str) -> Request:
         slot = self._slot.pop(request_id)
         moved_from = self._columns.remove(slot)
+        if self._scores is not None:  # the same move as the rows'
+            self._scores[slot] = self._scores[moved_from]
+            self._scores = self._scores[:moved_from]
         request = self._requests[slot]
         last = self._requests.pop()
         if moved_from != slot:
@@ -58,12 +68,13 @@ class GenerationQueue:
         """The highest-priority generation at ``now``."""
         if not self._requests:
             return None
-        if self.token_time is not None:
-            cols = self._columns
-            cols.column("gen_time")[:] = cols.column("gen_fixed") + cols.column("gen_tokens") * self.token_time
-        scores = self.policy.scores(self._columns, now)
-        return self._requests[int(np.argmax(scores))]
-
+        if self._scores is None or self._scored_at != (now, self.token_time):
+            if self.token_time is not None:
+                cols = self._columns
+                cols.column("gen_time")[:] = cols.column("gen_fixed") + cols.column("gen_tokens") * self.token_time
+            self._scores = np.array(self.policy.scores(self._columns, now))  # a copy: removals edit it
+            self._scored_at = (now, self.token_time)
+        return self._requests[int(self._scores.argmax())]
 
     def _row(self, request: Request) -> tuple[float, ...]:
         """The request's values for ``QueueColumns.NAMES``."""

@@ -170,9 +170,19 @@ def _call_regex(skills: list[Skill]) -> re.Pattern[str]:
     )
 
 
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
 def _mask_strings(text: str) -> str:
     """Blank out quoted literals so skill names inside strings are not taken as calls."""
-    return re.sub(r"'[^']*'|\"[^\"]*\"", lambda m: m.group(0)[0] + "_" * (len(m.group(0)) - 2) + m.group(0)[-1], text)
+    if "'" not in text and '"' not in text:  # nothing to blank: spare the substitution (the loop runs this per cut)
+        return text
+    return _QUOTED.sub(_blank, text)
+
+
+def _blank(quoted: re.Match[str]) -> str:
+    literal = quoted.group(0)
+    return literal[0] + "_" * (len(literal) - 2) + literal[-1]
 
 
 def _split_args(raw: str) -> tuple[str, ...]:
