@@ -83,6 +83,18 @@ def drive(engine: VllmEngine, specs: list[GenerationSpec], every: int = 0) -> Ru
     return run
 
 
+def start_then_suspend(engine: VllmEngine, spec: GenerationSpec, tokens: int) -> list[int]:
+    """Start ``spec``, step until it has ``tokens`` new tokens, suspend it; its tokens."""
+    engine.start(spec)
+    output: list[int] = []
+    guard = bounded()
+    while len(output) < tokens:
+        next(guard)
+        output += engine.step().new_tokens.get(spec.gen_id, [])
+    engine.suspend(spec.gen_id)
+    return output
+
+
 def vllm_request(engine: VllmEngine, gen_id: str) -> Any:
     """vLLM's own request object behind ``gen_id``'s live request."""
     live = engine._gens[gen_id].request_id
@@ -132,13 +144,7 @@ def test_suspend_keeps_the_request_in_place_and_resume_prefills_nothing(
 ) -> None:
     spec = GenerationSpec("inplace", prompts[1], max_new_tokens=12)
     straight = drive(engine, [replace(spec, gen_id="inplace-straight")])
-    engine.start(spec)
-    output: list[int] = []
-    guard = bounded()
-    while len(output) < 5:
-        next(guard)
-        output += engine.step().new_tokens.get("inplace", [])
-    engine.suspend("inplace")
+    output = start_then_suspend(engine, spec, 5)
     request = vllm_request(engine, "inplace")
     computed = request.num_computed_tokens
     other = drive(engine, [GenerationSpec("meanwhile", prompts[0], max_new_tokens=6)])
@@ -150,6 +156,7 @@ def test_suspend_keeps_the_request_in_place_and_resume_prefills_nothing(
     assert request.num_computed_tokens == computed + 1, "the resume prefilled again"
     assert out.started["inplace"] == ResumeInfo(len(prompts[1]) + 5, len(prompts[1]) + 5, False)
     output += out.new_tokens["inplace"]
+    guard = bounded()
     while "inplace" not in out.finished:
         next(guard)
         out = engine.step()
@@ -162,13 +169,7 @@ def test_crowded_out_pause_resumes_from_the_prefix_cache_at_an_exact_block_multi
     prompt = corpus_prompt(engine, 200, 2 * engine.block_size)[: 2 * engine.block_size - 4]
     edge = GenerationSpec("edge", prompt, max_new_tokens=8)
     straight = drive(engine, [replace(edge, gen_id="edge-straight")])
-    engine.start(edge)
-    output: list[int] = []
-    guard = bounded()
-    while len(output) < 4:
-        next(guard)
-        output += engine.step().new_tokens.get("edge", [])
-    engine.suspend("edge")
+    output = start_then_suspend(engine, edge, 4)
     # Newcomers that fill vLLM's batch take the paused request's slot: it is aborted, its full blocks cached.
     crowd = [GenerationSpec(f"crowd{i}", [20 + i, 30, 40], max_new_tokens=1) for i in range(engine.max_batch)]
     drive(engine, crowd)
@@ -239,13 +240,7 @@ def test_free_kv_blocks_drop_while_running_and_recover_on_release(engine: VllmEn
 def test_resume_after_eviction_reports_it_and_recomputes(engine: VllmEngine, prompts: list[list[int]]) -> None:
     victim = GenerationSpec("victim", prompts[1], max_new_tokens=12)
     straight = drive(engine, [replace(victim, gen_id="victim-straight")])
-    engine.start(victim)
-    output: list[int] = []
-    guard = bounded()
-    while len(output) < 6:
-        next(guard)
-        output += engine.step().new_tokens.get("victim", [])
-    engine.suspend("victim")
+    output = start_then_suspend(engine, victim, 6)
     # Distinct first tokens: no flood prompt shares a cached block with another.
     # Only full blocks stay cached; vLLM hands out partial ones again first.
     per_prompt = len(prompts[2]) // engine.block_size
