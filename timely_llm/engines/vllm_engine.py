@@ -277,9 +277,13 @@ class VllmEngine(Engine):
     def _live_request(self, gen: _Generation) -> Any:
         """vLLM's request object for ``gen``'s live request (keyed by our id plus a suffix), if running."""
         for key, request in self._scheduler().requests.items():
-            if key.rpartition("-")[0] == gen.request_id or key == gen.request_id:
+            if self._gen_id_of(key) == gen.spec.gen_id:
                 return request if request.status == RequestStatus.RUNNING else None
         return None
+
+    def _gen_id_of(self, vllm_request_id: str) -> str | None:
+        """The generation behind a vLLM request id: vLLM keys its requests by ours plus "-" and a suffix."""
+        return self._by_request.get(vllm_request_id) or self._by_request.get(vllm_request_id.rpartition("-")[0])
 
     def _stop_request(self, gen: _Generation) -> None:
         if gen.paused is not None:
@@ -315,9 +319,7 @@ class VllmEngine(Engine):
         vLLM, it would decode unasked."""
         preempted_paused = []
         for request in self._scheduler().requests.values():
-            # vLLM keys its requests by an internal id: ours plus "-" and a random suffix
-            rid = request.request_id
-            gen_id = self._by_request.get(rid) or self._by_request.get(rid.rpartition("-")[0])
+            gen_id = self._gen_id_of(request.request_id)
             gen = self._gens.get(gen_id) if gen_id is not None else None
             if gen is not None and request.num_preemptions > gen.preemptions:
                 gen.preemptions = request.num_preemptions
