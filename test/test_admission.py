@@ -63,7 +63,7 @@ def blocks_for(tokens: int) -> int:
 
 
 def test_segment_lower_bound_is_the_shortest_seen_and_rises_as_tokens_arrive():
-    amin = AminAdmission(blocks_for, lambda ids: blocks_for(len(ids)))
+    amin = AminAdmission(blocks_for)
     seg_max = SKILLS["tello"].segment_max_tokens
     assert amin.bounds(drone_request()) == LengthBounds(1, seg_max)  # nothing seen: one token is certain
     amin.segments.observe("tello", 0)  # an empty piece says nothing
@@ -76,7 +76,7 @@ def test_segment_lower_bound_is_the_shortest_seen_and_rises_as_tokens_arrive():
 
 
 def test_block_counts_follow_the_kv_written_next():
-    amin = AminAdmission(blocks_for, lambda ids: blocks_for(len(ids)) - 2)  # two blocks shared with others
+    amin = AminAdmission(blocks_for)
     amin.segments.observe("tello", 4)
     # context 33: 32 tokens' KV written (2 full blocks); the next step writes the 33rd: a new block
     assert amin.demand([drone_request(prompt=33)])[0] == 1
@@ -86,7 +86,8 @@ def test_block_counts_follow_the_kv_written_next():
     running = [drone_request(prompt=p) for p in (30, 33, 34, 47)]
     assert amin.demand(running) == (1, sum(amin.reserve(r) for r in running))
     # a newcomer: its context less the shared blocks, plus its segment's lower bound
-    assert amin.needed(drone_request(prompt=40)) == blocks_for(40) - 2 + blocks_for(44) - blocks_for(40)
+    two_shared = lambda ids: blocks_for(len(ids)) - 2  # noqa: E731 - two blocks shared with others
+    assert amin.needed(drone_request(prompt=40), two_shared) == blocks_for(40) - 2 + blocks_for(44) - blocks_for(40)
 
 
 def test_eviction_takes_fewest_generated_tokens_then_the_least_urgent():

@@ -55,9 +55,9 @@ class LoggedServer(Server):
 
         self.overload.check = noting_check
 
-    def _schedule(self) -> None:
-        self.points.append(self.clock.now())
-        super()._schedule()
+    def step(self) -> bool:
+        self.points.append(self.clock.now())  # each step is one scheduling point
+        return super().step()
 
     def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
         self.told_while[request.id] = request.status

@@ -45,6 +45,7 @@ from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine, EngineRejected, GenerationSpec, StepOutput
 from timely_llm.errors import RequestRejected
+from timely_llm.scheduler import Call, Scheduler, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class PlanRequest:
 
 
 class Server:
+    """The loop: the scheduler decides, the loop applies its decision to the engine, steps the engine and
+    turns each generation's new tokens into segments for its robot."""
+
     def __init__(self, engine: Engine, robots: dict[str, SkillModel], policy: ServingPolicy, clock,
                  network_latency: float = 0.008, max_batch: int | None = None,
                  default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
@@ -122,39 +126,35 @@ class Server:
         self.clock = clock
         self.network_latency = network_latency
         self.default_max_new_tokens = default_max_new_tokens
-        self.times: SegmentTimes | None = None
+        self.times = _segment_times(estimator, robots, engine.block_size) if features.timebill else None
         """TimeBill's G(s) and WCET (the ``timebill`` feature); None: the robots' profiled constants."""
-        if features.timebill:
-            if estimator is None:
-                raise ValueError("the timebill feature needs an execution-time estimator (a hardware profile)")
-            self.times = SegmentTimes(estimator, robots, engine.block_size)
-        self.queue = GenerationQueue(make_policy(policy.priority, network_latency),
-                                     self.times.queue_terms if self.times else None)
-        max_batch = max_batch or DEFAULT_MAX_BATCH
-        if engine.max_batch is not None:  # more would only wait inside the engine, out of our scheduling
-            max_batch = min(max_batch, engine.max_batch)
-        self.batch = BatchController(policy.adaptive_batch, max_batch, network_latency,
-                                     throughput=_throughput_model(estimator) if features.ala else None)
-        if self.times:
-            self.batch.wcet_model = self.times.wcet
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
         self.on_infeasible = on_infeasible or (lambda request: None)
         """Told when a request that opted to keep waiting can no longer get utility >= 0."""
         self.requests: dict[str, Request] = {}
-        self.running: dict[str, Request] = {}
-        self.parked: dict[str, Request] = {}
-        """Generations at a segment boundary: queued, yet still in the engine until the next scheduling point."""
         self.lock = threading.RLock()
         self.counters: Counter[str] = Counter()
         """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
-        self.batch.counters = self.counters
-        self.overload = OverloadControl(features.shed, self.running, self.times, network_latency, self.counters,
+        running: dict[str, Request] = {}
+        batch = BatchController(policy.adaptive_batch, _batch_cap(max_batch, engine), network_latency,
+                                throughput=_throughput_model(estimator) if features.ala else None,
+                                wcet_model=self.times.wcet if self.times else None, counters=self.counters)
+        self.overload = OverloadControl(features.shed, running, self.times, network_latency, self.counters,
                                         tell=self._infeasible_now, overran=self._overrun)
-        self.amin = AminAdmission(engine.blocks_for, engine.blocks_to_start) if features.amin else None
-        self._evicted: set[str] = set()
-        """Generations Amin suspended whose resume prefill is still to count as recomputed."""
-        self.deferral = self._deferred_prefill(estimator) if features.deferred_prefill else None
+        self.scheduler = Scheduler(
+            engine, GenerationQueue(make_policy(policy.priority, network_latency),
+                                    self.times.queue_terms if self.times else None),
+            batch, self.overload, running, self.times,
+            AminAdmission(engine.blocks_for) if features.amin else None,
+            _deferred_prefill(estimator, robots, batch.max_batch) if features.deferred_prefill else None,
+            network_latency, self.counters)
+        self.queue = self.scheduler.queue
+        self.batch = batch
+        self.running = running
+        self.parked = self.scheduler.parked
+        self.amin = self.scheduler.amin
+        self.deferral = self.scheduler.deferral
 
     # ----- called by robots and front ends (any thread) -----
 
@@ -173,7 +173,7 @@ class Server:
                 keep_if_infeasible=plan.keep_if_infeasible, overrun=plan.overrun,
             )
             self.requests[request.id] = request
-            self.queue.push(request)
+            self.scheduler.add(request)
             self.overload.submitted(request, self.clock.now())
         self.clock.wake()
         return request
@@ -214,32 +214,21 @@ class Server:
 
     # ----- the loop -----
 
-    def has_work(self) -> bool:
-        with self.lock:
-            return bool(self.running) or len(self.queue) > 0
-
     def step(self) -> bool:
         """One scheduling point and engine iteration; False when there was nothing to run."""
         with self.lock:
-            self._schedule()
+            self.overload.check(self.clock.now())
+            self._apply(self.scheduler.schedule(self.clock.now()))
             if not self.running:
                 return False
-            started = self.clock.now()
-            batch = len(self.running)
-            kv_tokens = sum(r.context_tokens for r in self.running.values()) if self.times else 0
-            try:
-                out = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - an engine crash ends its requests, not the loop
-                for request in list(self.running.values()):
-                    self._finish(request, Status.ABORTED, f"engine error: {exc}")
-                return True
+            began, batch, kv_tokens = self.clock.now(), len(self.running), self._kv_tokens()
+            out = self._step_engine()
+        if out is None:
+            return True
         # A modelled step elapses without the lock, so requests and robot reports are not held up.
-        self.clock.sleep_until(started + out.duration)
+        self.clock.sleep_until(began + out.duration)
         with self.lock:
-            if out.duration > 0 and out.new_tokens:  # vLLM steps with nothing to run (grammars compiling) time nothing
-                self.batch.record_step(out.duration, len(out.new_tokens), prefill=bool(out.started))
-                if self.times:
-                    self.times.record_step(out.duration, batch, kv_tokens)
+            self._learn(out, batch, kv_tokens)
             self._process(out, self.clock.now())
         return True
 
@@ -278,58 +267,43 @@ class Server:
         if plan.overrun not in OVERRUN_STRATEGIES:
             raise RequestRejected(f"unknown overrun strategy {plan.overrun!r} (known: {', '.join(OVERRUN_STRATEGIES)})")
 
-    def _schedule(self) -> None:
-        """Fill the batch from the queue in priority order, as far as the batch controller allows.
-
-        A parked generation (at a segment boundary, still in the engine) competes like any
-        queued one: picked, it simply keeps running; passed over, it is suspended. It is
-        suspended early when a more urgent generation needs the room or memory it holds.
-        With Amin (``features.amin``) memory is counted by segment lower bounds, and running
-        generations are suspended first when the next step's KV would not fit (core/admission.py).
-        """
-        now = self.clock.now()
-        self.overload.check(now)
-        reserved = self._evict_on_overflow() if self.amin is not None else 0
-        started: list[tuple[Request, int]] = []
-        if self.times:
-            self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
-            self.queue.token_time = self.times.token_time()
-        prefilling = deferring = False
-        running = self.batch.ordered(self.running.values())  # kept in step with self.running below
-        while len(self.queue) > 0:
-            request = self._most_urgent_parked() if deferring else self.queue.best(now)
-            if request is None:
-                break
-            parked = request.id in self.parked
-            if not parked and not prefilling and self._defers(request, now):
-                deferring = True  # the parked generations, which need no prefill, may still go on
-                self.counters["deferred_prefills"] += 1
-                continue
-            needed = 0 if parked else self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
-            free = needed if parked else self.engine.free_kv_blocks()
-            if self.amin is not None:
-                needed = self.amin.reserve(request) if parked else self.amin.needed(request)
-                free = self.engine.free_kv_blocks() - reserved
-            if (not self.batch.admits(running, now, free, needed, request)
-                    or self.overload.breaks_a_cutoff(request, now)):
-                if parked or not self.parked:
-                    break
-                self._suspend_parked()  # they rank below this one: free what they hold and retry
-                continue
-            reserved += needed
-            uncached = self.times.uncached_tokens(request) if self.times else 0
-            if parked:
-                self._keep_running(request)
+    def _apply(self, decision: SchedulerOutput) -> None:
+        """Make the engine calls the scheduler decided, in its order."""
+        for call, request in decision.calls:
+            if call is Call.SUSPEND:
+                self.engine.suspend(request.id)
             else:
-                self._run(request, now)
-                prefilling = True
-            if request.status is Status.RUNNING:  # not if the engine rejected it
-                running.add(request)
-            started.append((request, uncached))
-        self._suspend_parked()
-        if prefilling and self.deferral is not None:
-            self.deferral.prefilled(len(self.running))
-        self._predict_gen_times(started)
+                self._start(request, resumed=call is Call.RESUME)
+        self._predict_gen_times(decision.started)
+
+    def _start(self, request: Request, resumed: bool) -> None:
+        priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
+        spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
+                              request.max_new_tokens, request.forced_ids, priority, request.grammar)
+        try:
+            self.engine.start(spec)
+        except EngineRejected as exc:  # a resumed generation is still the engine's to release
+            self._finish(request, Status.ABORTED, f"engine rejected the request: {exc}", in_engine=resumed)
+
+    def _kv_tokens(self) -> int:
+        return sum(r.context_tokens for r in self.running.values()) if self.times else 0
+
+    def _step_engine(self) -> StepOutput | None:
+        """One engine iteration; None when the engine failed, which ends the requests it was running."""
+        try:
+            return self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - an engine crash ends its requests, not the loop
+            for request in list(self.running.values()):
+                self._finish(request, Status.ABORTED, f"engine error: {exc}")
+            return None
+
+    def _learn(self, out: StepOutput, batch: int, kv_tokens: int) -> None:
+        """Step-time models learn from steps that produced tokens (vLLM steps with nothing to run, grammars
+        compiling, time nothing)."""
+        if out.duration > 0 and out.new_tokens:
+            self.batch.record_step(out.duration, len(out.new_tokens), prefill=bool(out.started))
+            if self.times:
+                self.times.record_step(out.duration, batch, kv_tokens)
 
     def _predict_gen_times(self, started: list[tuple[Request, int]]) -> None:
         """G(s) of each segment whose generation (re)started at this scheduling point, for the records."""
@@ -368,121 +342,24 @@ class Server:
         else:
             request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
 
-    def _evict_on_overflow(self) -> int:
-        """Amin's overflow resolution: suspend running generations, in its eviction order, until the
-        next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
-        growth, reserve = self.amin.demand(self.running.values())
-        if growth > self.engine.free_kv_blocks():
-            for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
-                self._evict(victim)
-                growth, reserve = self.amin.demand(self.running.values())
-                if growth <= self.engine.free_kv_blocks():
-                    break
-        return reserve
-
-    def _deferred_prefill(self, estimator: ExecutionTimeEstimator | None) -> DeferredPrefill | None:
-        """K* from the engine's step model read as paper 004's affine one: a prefill stalls decoding for
-        c_p (the profile's ``prefill_stall``) plus its tokens' time, TBT = the step intercept + t_d·B; a
-        generation leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
-        None where K* = 1: without a fixed stall, as in the simulated GPUs and vLLM V1's chunked prefill,
-        holding prefills back saves nothing and only delays first actions (the paper's Remark 2)."""
-        if estimator is None:
-            raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
-        mean_segment = sum(r.segment_max_tokens for r in self.robots.values()) / max(len(self.robots), 1)
-        threshold = departure_threshold(estimator.stall, estimator.c, self.batch.max_batch or 1,
-                                        1.0 / max(mean_segment, 1.0))
-        return DeferredPrefill(threshold) if threshold > 1 else None
-
-    def _defers(self, request: Request, now: float) -> bool:
-        """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
-        could make it miss its deadline."""
-        if self.deferral is None or not self.deferral.defers(len(self.running) + len(self.parked),
-                                                             len(self.queue) - len(self.parked)):
-            return False
-        batch = max(len(self.running), 1)
-        return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
-
-    def _most_urgent_parked(self) -> Request | None:
-        return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
-
-    def _suspend_parked(self) -> None:
-        for request in list(self.parked.values()):
-            self._suspend(request)
-
-    # ----- transitions: each changes a request's status and its place together -----
-
-    def _run(self, request: Request, now: float) -> None:
-        """WAITING or SUSPENDED -> RUNNING: out of the queue, (re)started in the engine."""
-        priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
-        spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
-                              request.max_new_tokens, request.forced_ids, priority, request.grammar)
-        try:
-            self.engine.start(spec)
-        except EngineRejected as exc:
-            self._finish(request, Status.ABORTED, f"engine rejected the request: {exc}")
-            return
-        request.advance(Status.RUNNING)
-        self.queue.remove(request.id)
-        self.running[request.id] = request
-        if request.seg_gen_start is None:
-            request.seg_gen_start = now
-
-    def _park(self, request: Request) -> None:
-        """RUNNING -> PARKED: a segment was dispatched; queued again, still in the engine."""
-        request.advance(Status.PARKED)
-        del self.running[request.id]
-        self.parked[request.id] = request
-        self.queue.push(request)
-
-    def _keep_running(self, request: Request) -> None:
-        """PARKED -> RUNNING: picked at the next scheduling point, it goes on where it is."""
-        request.advance(Status.RUNNING)
-        self.queue.remove(request.id)
-        del self.parked[request.id]
-        self.running[request.id] = request
-
-    def _suspend(self, request: Request) -> None:
-        """PARKED -> SUSPENDED: passed over; the engine drops it from the batch, keeping its context cached."""
-        request.advance(Status.SUSPENDED)
-        del self.parked[request.id]
-        self.engine.suspend(request.id)
-        request.seg_gen_start = None
-        if self.times:  # its G(s) now includes the resume prefill
-            self.queue.update(request)
-
-    def _evict(self, request: Request) -> None:
-        """RUNNING -> SUSPENDED: Amin frees KV memory mid-segment; queued again, its token ids kept
-        (the segment goes on from there when it is resumed)."""
-        request.advance(Status.SUSPENDED)
-        del self.running[request.id]
-        self.engine.suspend(request.id)
-        self.queue.push(request)
-        self.counters["amin_evictions"] += 1
-        self._evicted.add(request.id)
+    # ----- ends: the scheduler moves the request, the loop frees what the engine holds -----
 
     def _generated(self, request: Request) -> None:
         """RUNNING -> GENERATED: the plan is complete; the engine forgets the generation."""
-        request.advance(Status.GENERATED)
-        del self.running[request.id]
+        self.scheduler.generated(request)
         self.engine.release(request.id)
 
-    def _finish(self, request: Request, status: Status, reason: str) -> None:
+    def _finish(self, request: Request, status: Status, reason: str, in_engine: bool | None = None) -> None:
         """Any live status -> SUCCEEDED, ABORTED or CANCELED: the one exit.
 
         Frees whatever the request held (queue row, batch or parked slot, engine state),
-        records why it ended and tells ``on_finish``.
+        records why it ended and tells ``on_finish``. ``in_engine``: whether the engine holds the
+        generation, where its status cannot tell (a start the engine refused).
         """
-        came_from = request.advance(status)
+        came_from = self.scheduler.remove(request, status)
         request.reason = reason
-        self._evicted.discard(request.id)
-        if came_from.queued:
-            self.queue.remove(request.id)
-        if came_from is Status.RUNNING:
-            del self.running[request.id]
-        elif came_from is Status.PARKED:
-            del self.parked[request.id]
         try:
-            if came_from.in_engine:
+            if came_from.in_engine if in_engine is None else in_engine:
                 self.engine.release(request.id)
         finally:
             self.on_finish(request)
@@ -495,8 +372,8 @@ class Server:
         for gen_id, info in out.started.items():
             if gen_id in self.running:
                 self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
-            if gen_id in self._evicted:  # Amin's eviction costs what its resume prefills again
-                self._evicted.discard(gen_id)
+            if gen_id in self.scheduler.evicted:  # Amin's eviction costs what its resume prefills again
+                self.scheduler.evicted.discard(gen_id)
                 self.counters["recomputed_tokens"] += info.context_tokens - info.cached_tokens
         for gen_id, cause in out.failed.items():
             if gen_id in self.running:
@@ -536,7 +413,7 @@ class Server:
         if finished:
             self._finish_if_done(request)
         elif pieces and self.policy.segmented:
-            self._park(request)
+            self.scheduler.park(request)
 
     @staticmethod
     def _out_of_tokens(request: Request) -> bool:
@@ -607,6 +484,34 @@ def _closing_grammar(request: Request) -> PlanGrammar | None:
     if request.forced_ids is None:
         return request.grammar
     return plan_grammar(request.robot) if len(request.output_ids) < len(request.forced_ids) else None
+
+
+def _segment_times(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],
+                   block_size: int) -> SegmentTimes:
+    if estimator is None:
+        raise ValueError("the timebill feature needs an execution-time estimator (a hardware profile)")
+    return SegmentTimes(estimator, robots, block_size)
+
+
+def _batch_cap(max_batch: int | None, engine: Engine) -> int:
+    """The batch cap: the one asked for (vLLM's default otherwise), at most what the engine runs at once
+    (more would only wait inside the engine, out of our scheduling)."""
+    max_batch = max_batch or DEFAULT_MAX_BATCH
+    return max_batch if engine.max_batch is None else min(max_batch, engine.max_batch)
+
+
+def _deferred_prefill(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],
+                      max_batch: int | None) -> DeferredPrefill | None:
+    """K* from the engine's step model read as paper 004's affine one: a prefill stalls decoding for
+    c_p (the profile's ``prefill_stall``) plus its tokens' time, TBT = the step intercept + t_d·B; a
+    generation leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
+    None where K* = 1: without a fixed stall, as in the simulated GPUs and vLLM V1's chunked prefill,
+    holding prefills back saves nothing and only delays first actions (the paper's Remark 2)."""
+    if estimator is None:
+        raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
+    mean_segment = sum(r.segment_max_tokens for r in robots.values()) / max(len(robots), 1)
+    threshold = departure_threshold(estimator.stall, estimator.c, max_batch or 1, 1.0 / max(mean_segment, 1.0))
+    return DeferredPrefill(threshold) if threshold > 1 else None
 
 
 def _throughput_model(estimator: ExecutionTimeEstimator | None) -> ThroughputModel:

@@ -60,9 +60,8 @@ class SegmentLengths:
 class AminAdmission:
     """The memory side of admission and eviction for one engine (``blocks_for``: tokens -> KV blocks)."""
 
-    def __init__(self, blocks_for: Callable[[int], int], blocks_to_start: Callable[[list[int]], int]) -> None:
+    def __init__(self, blocks_for: Callable[[int], int]) -> None:
         self.blocks_for = blocks_for
-        self.blocks_to_start = blocks_to_start
         self.segments = SegmentLengths()
 
     def bounds(self, request: Request) -> LengthBounds:
@@ -79,13 +78,13 @@ class AminAdmission:
         context = request.context_tokens
         return self.blocks_for(context - 1 + self._lower(request)) - self.blocks_for(context - 1)
 
-    def needed(self, request: Request) -> int:
+    def needed(self, request: Request, blocks_to_start: Callable[[list[int]], int]) -> int:
         """Free blocks a generation (re)started now takes: its prompt less what other generations
-        share with it in the prefix cache (its own generated tokens no one shares), the rest of its
-        context and its segment's lower bound."""
+        share with it in the prefix cache (its own generated tokens no one shares; ``blocks_to_start``:
+        the engine's count of a prompt's blocks), the rest of its context and its segment's lower bound."""
         prompt = len(request.prompt_ids)
         rest = self.blocks_for(request.context_tokens + self._lower(request)) - self.blocks_for(prompt)
-        return self.blocks_to_start(request.prompt_ids) + rest
+        return blocks_to_start(request.prompt_ids) + rest
 
     @staticmethod
     def eviction_order(running: Iterable[Request], network_latency: float) -> list[Request]:

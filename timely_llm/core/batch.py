@@ -119,17 +119,19 @@ class BatchController:
     """
 
     def __init__(self, adaptive: bool, max_batch: int | None = None, network_latency: float = 0.0,
-                 step_model: StepModel | None = None, throughput: ThroughputModel | None = None) -> None:
+                 step_model: StepModel | None = None, throughput: ThroughputModel | None = None,
+                 wcet_model: Callable[[Request, int], float] | None = None,
+                 counters: Counter[str] | None = None) -> None:
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.adaptive = adaptive
         self.max_batch = max_batch
         self.network_latency = network_latency
         self.steps = step_model or StepModel()
-        self.wcet_model: Callable[[Request, int], float] | None = None
+        self.wcet_model = wcet_model
         """When set (TimeBill), a segment's worst case comes from it instead of the recent-step rule."""
         self.throughput = throughput
-        self.counters: Counter[str] = Counter()
+        self.counters = Counter() if counters is None else counters
         """Events by name (the server's counters when it runs one); ``ala_knee_refusals``: newcomers kept
         waiting at the knee."""
 

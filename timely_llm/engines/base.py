@@ -19,6 +19,7 @@ The contract every engine keeps (test/test_engine_contract.py checks both):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -92,6 +93,16 @@ class StepOutput:
     """Tokens prefilled again this step because a preemption had dropped their KV."""
 
 
+@dataclass(frozen=True)
+class KvView:
+    """KV memory as the scheduler counts it while it decides (``Engine.kv_after``)."""
+
+    free_blocks: int
+    """What ``Engine.free_kv_blocks`` will say."""
+    blocks_to_start: Callable[[list[int]], int]
+    """What ``Engine.blocks_to_start`` will say."""
+
+
 class Engine(ABC):
     tokenizer: Tokenizer
     block_size: int
@@ -130,6 +141,11 @@ class Engine(ABC):
     @abstractmethod
     def free_kv_blocks(self) -> int:
         """KV blocks available for new work now (cached-but-idle blocks count as free)."""
+
+    @abstractmethod
+    def kv_after(self, suspended: Collection[str], resumed: Collection[str]) -> KvView:
+        """KV memory as it will be once the running generations ``suspended`` are suspended and the
+        suspended ones ``resumed`` started again (with the tokens they hold); changes nothing."""
 
     @abstractmethod
     def blocks_for(self, num_tokens: int) -> int:

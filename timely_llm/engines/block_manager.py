@@ -9,7 +9,8 @@ recompute what memory pressure evicted.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
 
 CHAIN_CACHE = 4096
 """Token sequences whose block hashes ``blocks_to_allocate`` remembers (prompts recur)."""
@@ -84,15 +85,16 @@ class BlockManager:
                 partial.clear()
                 self._register(table[-1], self._last_hash[owner])
 
-    def blocks_to_allocate(self, token_ids: list[int]) -> int:
-        """Free blocks ``allocate`` would take for ``token_ids`` now (cached idle blocks count, held ones not)."""
+    def blocks_to_allocate(self, token_ids: list[int], freed: frozenset[int] = frozenset()) -> int:
+        """Free blocks ``allocate`` would take for ``token_ids`` now (cached idle blocks count, held ones not),
+        or once the blocks ``freed`` are free."""
         hits = []
         for h in self._chain(token_ids):
             block = self._block_of_hash.get(h)
             if block is None or self._hash_of[block] != h:
                 break
             hits.append(block)
-        return self.blocks_for(len(token_ids)) - len(hits) + self._free_among(hits)
+        return self.blocks_for(len(token_ids)) - len(hits) + sum(1 for b in hits if b in self._free or b in freed)
 
     def _chain(self, token_ids: list[int]) -> list[int]:
         """The chained hashes of ``token_ids``' full blocks, remembered for the sequences seen last."""
@@ -111,6 +113,15 @@ class BlockManager:
     def held(self, owner: str) -> int:
         """Blocks only ``owner`` holds: what releasing it would free."""
         return sum(1 for block in self.tables.get(owner, []) if self._ref[block] == 1)
+
+    def free_after(self, released: Iterable[str], counted: Iterable[str]) -> tuple[int, frozenset[int]]:
+        """Once ``released`` are released: the free blocks plus those only one of ``counted`` then holds,
+        and the blocks the release frees."""
+        dropped = Counter(block for owner in released for block in self.tables.get(owner, []))
+        freed = frozenset(block for block, n in dropped.items() if self._ref[block] == n)
+        held = sum(1 for owner in counted for block in self.tables.get(owner, [])
+                   if self._ref[block] - dropped[block] == 1)
+        return len(self._free) + len(freed) + held, freed
 
     def release(self, owner: str) -> None:
         for block in self.tables.pop(owner, []):

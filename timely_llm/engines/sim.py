@@ -10,9 +10,10 @@ recomputed later, as vLLM does.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, ResumeInfo, StepOutput
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput
 from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
@@ -95,6 +96,12 @@ class SimEngine(Engine):
     def free_kv_blocks(self) -> int:
         """Free blocks, counting those paused generations hold: a newcomer gets them back."""
         return self.blocks.free_blocks + sum(self.blocks.held(gen_id) for gen_id in self._paused)
+
+    def kv_after(self, suspended: Collection[str], resumed: Collection[str]) -> KvView:
+        pausing = {g for g in suspended if self.suspends_in_place and self._running[g].prefilled}
+        paused = (self._paused.keys() | pausing) - set(resumed)
+        free, freed = self.blocks.free_after([g for g in suspended if g not in pausing], paused)
+        return KvView(free, lambda token_ids: self.blocks.blocks_to_allocate(token_ids, freed))
 
     def _drop(self, gen: _Generation) -> None:
         """Suspend by dropping the KV: its blocks stay in the prefix cache until reused."""

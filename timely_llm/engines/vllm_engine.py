@@ -19,6 +19,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from timely_llm.engines.base import (
     Engine,
     EngineRejected,
     GenerationSpec,
+    KvView,
     ResumeInfo,
     StepOutput,
 )
@@ -195,6 +197,15 @@ class VllmEngine(Engine):
             self._paused_blocks = sum(self._reclaimable(g) for g in self._paused.values())
         return self._block_pool().get_num_free_blocks() + self._paused_blocks
 
+    def kv_after(self, suspended: Collection[str], resumed: Collection[str]) -> KvView:
+        """Counts what each generation alone holds; blocks two of ``suspended`` share stay uncounted."""
+        free = self.free_kv_blocks()
+        for gen_id in set(suspended) - set(resumed):
+            request = self._live_request(self._gens[gen_id])
+            free += self._only_held(request.request_id) if request is not None else 0
+        free -= sum(self._reclaimable(self._paused[g]) for g in resumed if g in self._paused)
+        return KvView(free, self.blocks_to_start)
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -271,7 +282,11 @@ class VllmEngine(Engine):
             self._stop_request(next(iter(self._paused.values())))
 
     def _reclaimable(self, gen: _Generation) -> int:
-        blocks = self._scheduler().kv_cache_manager.coordinator.get_blocks(gen.paused.request_id)
+        return self._only_held(gen.paused.request_id)
+
+    def _only_held(self, vllm_request_id: str) -> int:
+        """KV blocks only this vLLM request holds: what stopping it would free."""
+        blocks = self._scheduler().kv_cache_manager.coordinator.get_blocks(vllm_request_id)
         return sum(1 for group in blocks for block in group if block.ref_cnt == 1)
 
     def _live_request(self, gen: _Generation) -> Any:

@@ -1,0 +1,220 @@
+"""The scheduler: owns the queue, the running and parked sets and the transitions between them,
+and at each scheduling point returns what the engine must start, resume and suspend; it runs nothing.
+
+A request's status and its place change together, here, in one method per transition of the state
+machine drawn in ``timely_llm.core.request``; the server loop applies the returned engine calls in
+order and ``remove`` is the one way out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+from timely_llm.core.admission import AminAdmission, DeferredPrefill
+from timely_llm.core.batch import BatchController
+from timely_llm.core.estimator import SegmentTimes
+from timely_llm.core.overload import OverloadControl
+from timely_llm.core.queue import GenerationQueue
+from timely_llm.core.request import Request, Status
+from timely_llm.engines.base import Engine, KvView
+
+
+class Call(enum.Enum):
+    """An engine call the loop makes for a scheduling decision."""
+
+    START = "start"  # a generation the engine does not hold yet
+    RESUME = "resume"  # a suspended generation the engine holds
+    SUSPEND = "suspend"
+
+
+@dataclass
+class SchedulerOutput:
+    calls: list[tuple[Call, Request]] = field(default_factory=list)
+    """Engine calls in the order decided."""
+    started: list[tuple[Request, int]] = field(default_factory=list)
+    """Generations (re)started or kept running at this point, with their uncached context tokens."""
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, queue: GenerationQueue, batch: BatchController, overload: OverloadControl,
+                 running: dict[str, Request], times: SegmentTimes | None, amin: AminAdmission | None,
+                 deferral: DeferredPrefill | None, network_latency: float, counters: Counter[str]) -> None:
+        """``engine``: asked about KV memory only (what is free, what a context takes)."""
+        self.engine = engine
+        self.queue = queue
+        self.batch = batch
+        self.overload = overload
+        self.running = running
+        self.parked: dict[str, Request] = {}
+        """Generations at a segment boundary: queued, yet still in the engine until the next scheduling point."""
+        self.times = times
+        self.amin = amin
+        self.deferral = deferral
+        self.network_latency = network_latency
+        self.counters = counters
+        self.evicted: set[str] = set()
+        """Generations Amin suspended whose resume prefill is still to count as recomputed."""
+        self._out = SchedulerOutput()
+        self._kv_view: KvView | None = None
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Fill the batch from the queue in priority order, as far as the batch controller allows.
+
+        A parked generation (at a segment boundary, still in the engine) competes like any
+        queued one: picked, it simply keeps running; passed over, it is suspended. It is
+        suspended early when a more urgent generation needs the room or memory it holds.
+        With Amin (``features.amin``) memory is counted by segment lower bounds, and running
+        generations are suspended first when the next step's KV would not fit (core/admission.py).
+        """
+        self._out, self._kv_view = SchedulerOutput(), None
+        reserved = self._evict_on_overflow() if self.amin is not None else 0
+        if self.times:
+            self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
+            self.queue.token_time = self.times.token_time()
+        prefilling = deferring = False
+        running = self.batch.ordered(self.running.values())  # kept in step with self.running below
+        while len(self.queue) > 0:
+            request = self._most_urgent_parked() if deferring else self.queue.best(now)
+            if request is None:
+                break
+            parked = request.id in self.parked
+            if not parked and not prefilling and self._defers(request, now):
+                deferring = True  # the parked generations, which need no prefill, may still go on
+                self.counters["deferred_prefills"] += 1
+                continue
+            needed, free = self._memory(request, parked, reserved)
+            if (not self.batch.admits(running, now, free, needed, request)
+                    or self.overload.breaks_a_cutoff(request, now)):
+                if parked or not self.parked:
+                    break
+                self._suspend_parked()  # they rank below this one: free what they hold and retry
+                continue
+            reserved += needed
+            uncached = self.times.uncached_tokens(request) if self.times else 0
+            if parked:
+                self._keep_running(request)
+            else:
+                self._start(request, now)
+                prefilling = True
+            running.add(request)
+            self._out.started.append((request, uncached))
+        self._suspend_parked()
+        if prefilling and self.deferral is not None:
+            self.deferral.prefilled(len(self.running))
+        return self._out
+
+    def _memory(self, request: Request, parked: bool, reserved: int) -> tuple[int, int]:
+        """KV blocks ``request`` needs to (go on) run and those free for it."""
+        if self.amin is not None:
+            needed = self.amin.reserve(request) if parked else self.amin.needed(request, self._kv().blocks_to_start)
+            return needed, self._kv().free_blocks - reserved
+        if parked:
+            return 0, 0
+        return self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens), self._kv().free_blocks
+
+    def _kv(self) -> KvView:
+        """The engine's KV memory once the calls decided so far are made."""
+        if self._kv_view is None:
+            suspended = [r.id for call, r in self._out.calls if call is Call.SUSPEND]
+            resumed = [r.id for call, r in self._out.calls if call is Call.RESUME]
+            self._kv_view = self.engine.kv_after(suspended, resumed)
+        return self._kv_view
+
+    def _evict_on_overflow(self) -> int:
+        """Amin's overflow resolution: suspend running generations, in its eviction order, until the
+        next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
+        growth, reserve = self.amin.demand(self.running.values())
+        if growth > self._kv().free_blocks:
+            for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
+                self._evict(victim)
+                growth, reserve = self.amin.demand(self.running.values())
+                if growth <= self._kv().free_blocks:
+                    break
+        return reserve
+
+    def _defers(self, request: Request, now: float) -> bool:
+        """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
+        could make it miss its deadline."""
+        if self.deferral is None or not self.deferral.defers(len(self.running) + len(self.parked),
+                                                             len(self.queue) - len(self.parked)):
+            return False
+        batch = max(len(self.running), 1)
+        return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
+
+    def _most_urgent_parked(self) -> Request | None:
+        return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
+
+    def _suspend_parked(self) -> None:
+        for request in list(self.parked.values()):
+            self._suspend(request)
+
+    def _call(self, call: Call, request: Request) -> None:
+        self._out.calls.append((call, request))
+        self._kv_view = None
+
+    # ----- transitions: each changes a request's status and its place together -----
+
+    def add(self, request: Request) -> None:
+        """Submitted: WAITING in the queue."""
+        self.queue.push(request)
+
+    def _start(self, request: Request, now: float) -> None:
+        """WAITING or SUSPENDED -> RUNNING: out of the queue, (re)started in the engine."""
+        came_from = request.advance(Status.RUNNING)
+        self.queue.remove(request.id)
+        self.running[request.id] = request
+        if request.seg_gen_start is None:
+            request.seg_gen_start = now
+        self._call(Call.RESUME if came_from is Status.SUSPENDED else Call.START, request)
+
+    def park(self, request: Request) -> None:
+        """RUNNING -> PARKED: a segment was dispatched; queued again, still in the engine."""
+        request.advance(Status.PARKED)
+        del self.running[request.id]
+        self.parked[request.id] = request
+        self.queue.push(request)
+
+    def _keep_running(self, request: Request) -> None:
+        """PARKED -> RUNNING: picked at the next scheduling point, it goes on where it is."""
+        request.advance(Status.RUNNING)
+        self.queue.remove(request.id)
+        del self.parked[request.id]
+        self.running[request.id] = request
+
+    def _suspend(self, request: Request) -> None:
+        """PARKED -> SUSPENDED: passed over; the engine drops it from the batch, keeping its context cached."""
+        request.advance(Status.SUSPENDED)
+        del self.parked[request.id]
+        self._call(Call.SUSPEND, request)
+        request.seg_gen_start = None
+        if self.times:  # its G(s) now includes the resume prefill
+            self.queue.update(request)
+
+    def _evict(self, request: Request) -> None:
+        """RUNNING -> SUSPENDED: Amin frees KV memory mid-segment; queued again, its token ids kept
+        (the segment goes on from there when it is resumed)."""
+        request.advance(Status.SUSPENDED)
+        del self.running[request.id]
+        self._call(Call.SUSPEND, request)
+        self.queue.push(request)
+        self.counters["amin_evictions"] += 1
+        self.evicted.add(request.id)
+
+    def generated(self, request: Request) -> None:
+        """RUNNING -> GENERATED: the plan is complete; the engine forgets the generation."""
+        request.advance(Status.GENERATED)
+        del self.running[request.id]
+
+    def remove(self, request: Request, status: Status) -> Status:
+        """Any live status -> SUCCEEDED, ABORTED or CANCELED: out of every place; returns the status left."""
+        came_from = request.advance(status)
+        self.evicted.discard(request.id)
+        if came_from.queued:
+            self.queue.remove(request.id)
+        if came_from is Status.RUNNING:
+            del self.running[request.id]
+        elif came_from is Status.PARKED:
+            del self.parked[request.id]
+        return came_from
