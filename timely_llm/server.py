@@ -28,7 +28,7 @@ from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
-from timely_llm.core.grammar import PlanGrammar, plan_grammar
+from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.overload import (
     INFEASIBLE_REASON,
     OVERRUN_KILL,
@@ -36,10 +36,10 @@ from timely_llm.core.overload import (
     OVERRUN_STRATEGIES,
     OverloadControl,
 )
+from timely_llm.core.plan_stream import PlanStream
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
-from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.core.tuf import TUF
@@ -169,7 +169,7 @@ class Server:
                 prompt_ids=list(plan.prompt_ids), max_new_tokens=plan.max_new_tokens or self.default_max_new_tokens,
                 forced_ids=plan.forced_ids, category=plan.category, trace=plan.trace,
                 grammar=plan_grammar(robot) if plan.constrained and plan.forced_ids is None else None,
-                detok=IncrementalDetokenizer(self.engine.tokenizer.decode), segmenter=Segmenter(robot),
+                stream=PlanStream(robot, self.engine.tokenizer.decode, self.policy.streaming),
                 keep_if_infeasible=plan.keep_if_infeasible, overrun=plan.overrun,
             )
             self.requests[request.id] = request
@@ -393,35 +393,15 @@ class Server:
     def _consume(self, request: Request, tokens: list[int], finished: bool, now: float) -> None:
         request.output_ids.extend(tokens)
         request.seg_tokens += len(tokens)
-        text = request.detok.push(tokens) if tokens else ""
-        pieces: list[str] = []
-        if self.policy.streaming:
-            pieces = request.segmenter.feed(text)
-        else:
-            request.segmenter.hold(text)
+        pieces, last = request.stream.push(request, tokens, finished)
         if finished:
             self._generated(request)
-            rest = request.segmenter.flush()
-            if (grammar := _closing_grammar(request)) is not None:  # a plan cut short still closes its blocks
-                rest = grammar.close("".join(s.text for s in request.segments) + "".join(pieces), rest)
-            # An empty last segment tells the robot a plan ended after a segment already sent as not final.
-            if rest.strip() or not pieces and not (request.segments and request.segments[-1].final):
-                pieces.append(rest)
-        last = bool(pieces) and (finished or self._out_of_tokens(request))
         for i, piece in enumerate(pieces):
             self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
         if finished:
             self._finish_if_done(request)
         elif pieces and self.policy.segmented:
             self.scheduler.park(request)
-
-    @staticmethod
-    def _out_of_tokens(request: Request) -> bool:
-        """No text can follow what was cut: the recorded plan or the token budget is used up."""
-        produced = len(request.output_ids)
-        budget_spent = produced >= request.max_new_tokens and request.grammar is None  # else it may close blocks
-        plan_replayed = request.forced_ids is not None and produced >= len(request.forced_ids)
-        return (budget_spent or plan_replayed) and not request.segmenter.pending.strip()
 
     def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> None:
         if request.skip_current and text.strip():
@@ -476,14 +456,6 @@ class Server:
     def _finish_if_done(self, request: Request) -> None:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
             self._finish(request, Status.SUCCEEDED, "")
-
-
-def _closing_grammar(request: Request) -> PlanGrammar | None:
-    """The grammar a finished plan is closed in: its own, or its robot's for a recorded plan replayed only
-    in part (its token budget ran out first); a whole replayed plan is dispatched as recorded."""
-    if request.forced_ids is None:
-        return request.grammar
-    return plan_grammar(request.robot) if len(request.output_ids) < len(request.forced_ids) else None
 
 
 def _segment_times(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],

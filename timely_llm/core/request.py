@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 from timely_llm.core.grammar import PlanGrammar
-from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
+from timely_llm.core.plan_stream import PlanStream
 from timely_llm.core.skills import SkillCall, SkillModel
 from timely_llm.core.tuf import TUF
 
@@ -149,8 +149,8 @@ class Request:
     prev_end_est: float = 0.0
     """Estimated end of the previous segment's execution (for k > 0)."""
     last_start_cache: tuple[int, bool] | None = None
-    detok: IncrementalDetokenizer | None = None
-    segmenter: Segmenter | None = None
+    stream: PlanStream | None = None
+    """Turns the generated tokens into the segments to dispatch."""
     keep_if_infeasible: bool = False
     """Overload control: keep waiting (told, not ended) when the deadline can no longer be met."""
     overrun: str = "none"
