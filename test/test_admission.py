@@ -178,7 +178,7 @@ def submit_at(server: Server, sim: Simulation, engine: SimEngine, rid: str, trac
 
 def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_takes_them_along():
     server, sim, engine = deferral_server()
-    k = server.deferral.threshold
+    k = server.scheduler.deferral.threshold
     assert 1 < k < 8  # a stall of one step intercept is worth batching
     arm_traces = [t for t in sorted(CATALOG.traces) if CATALOG[t].robot == "arm"]
     for i in range(5):  # long arm plans keep the batch decoding

@@ -36,6 +36,7 @@ def test_sweep_runs_each_set_under_our_policies_and_the_baselines_once_without()
 
 def test_the_vllm_baselines_run_without_parts_and_ours_with_them():
     from timely_llm.clock import VirtualClock
+    from timely_llm.core.admission import AminAdmission
     from timely_llm.core.skills import load_skill_models
     from timely_llm.engines.hardware import load_profile
     from timely_llm.engines.sim import SimEngine
@@ -46,4 +47,4 @@ def test_the_vllm_baselines_run_without_parts_and_ours_with_them():
         server = Server(SimEngine(load_profile("rtx4090-llama3-8b")), load_skill_models(), policy, VirtualClock(),
                         features=parts)
         assert server.features == (parts if policy.segmented else Features()), name
-        assert (server.amin is not None) == policy.segmented, name
+        assert isinstance(server.memory, AminAdmission) == policy.segmented, name

@@ -12,9 +12,9 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
-from timely_llm.core.admission import AminAdmission, DeferredPrefill
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral
 from timely_llm.core.batch import BatchController
-from timely_llm.core.estimator import SegmentTimes
+from timely_llm.core.estimator import ProfiledTimes, SegmentTimes
 from timely_llm.core.overload import OverloadControl
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Status
@@ -39,9 +39,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, engine: Engine, queue: GenerationQueue, batch: BatchController, overload: OverloadControl,
-                 running: dict[str, Request], times: SegmentTimes | None, amin: AminAdmission | None,
-                 deferral: DeferredPrefill | None, network_latency: float, counters: Counter[str]) -> None:
-        """``engine``: asked about KV memory only (what is free, what a context takes)."""
+                 running: dict[str, Request], times: SegmentTimes | ProfiledTimes,
+                 memory: AminAdmission | KvAdmission, deferral: DeferredPrefill | NoDeferral,
+                 network_latency: float, counters: Counter[str]) -> None:
+        """``engine``: asked about KV memory only (what is free, what a context takes). ``times``, ``memory``
+        and ``deferral``: the scheduler parts (TimeBill, Amin, deferred prefill) or their do-nothing stand-ins."""
         self.engine = engine
         self.queue = queue
         self.batch = batch
@@ -50,7 +52,7 @@ class Scheduler:
         self.parked: dict[str, Request] = {}
         """Generations at a segment boundary: queued, yet still in the engine until the next scheduling point."""
         self.times = times
-        self.amin = amin
+        self.memory = memory
         self.deferral = deferral
         self.network_latency = network_latency
         self.counters = counters
@@ -69,10 +71,9 @@ class Scheduler:
         generations are suspended first when the next step's KV would not fit (core/admission.py).
         """
         self._out, self._kv_view = SchedulerOutput(), None
-        reserved = self._evict_on_overflow() if self.amin is not None else 0
-        if self.times:
-            self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
-            self.queue.token_time = self.times.token_time()
+        reserved = self._evict_on_overflow()
+        self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
+        self.queue.token_time = self.times.token_time()
         prefilling = deferring = False
         running = self.batch.ordered(self.running.values())  # kept in step with self.running below
         while len(self.queue) > 0:
@@ -92,7 +93,7 @@ class Scheduler:
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
                 continue
             reserved += needed
-            uncached = self.times.uncached_tokens(request) if self.times else 0
+            uncached = self.times.uncached_tokens(request)
             if parked:
                 self._keep_running(request)
             else:
@@ -101,18 +102,14 @@ class Scheduler:
             running.add(request)
             self._out.started.append((request, uncached))
         self._suspend_parked()
-        if prefilling and self.deferral is not None:
+        if prefilling:
             self.deferral.prefilled(len(self.running))
         return self._out
 
     def _memory(self, request: Request, parked: bool, reserved: int) -> tuple[int, int]:
         """KV blocks ``request`` needs to (go on) run and those free for it."""
-        if self.amin is not None:
-            needed = self.amin.reserve(request) if parked else self.amin.needed(request, self._kv().blocks_to_start)
-            return needed, self._kv().free_blocks - reserved
-        if parked:
-            return 0, 0
-        return self.engine.blocks_for(request.context_tokens + request.robot.segment_max_tokens), self._kv().free_blocks
+        kv = self._kv()
+        return self.memory.blocks_needed(request, parked, kv), self.memory.free(kv, reserved)
 
     def _kv(self) -> KvView:
         """The engine's KV memory once the calls decided so far are made."""
@@ -125,11 +122,11 @@ class Scheduler:
     def _evict_on_overflow(self) -> int:
         """Amin's overflow resolution: suspend running generations, in its eviction order, until the
         next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
-        growth, reserve = self.amin.demand(self.running.values())
+        growth, reserve = self.memory.demand(self.running.values())
         if growth > self._kv().free_blocks:
-            for victim in self.amin.eviction_order(self.running.values(), self.network_latency):
+            for victim in self.memory.eviction_order(self.running.values(), self.network_latency):
                 self._evict(victim)
-                growth, reserve = self.amin.demand(self.running.values())
+                growth, reserve = self.memory.demand(self.running.values())
                 if growth <= self._kv().free_blocks:
                     break
         return reserve
@@ -137,7 +134,7 @@ class Scheduler:
     def _defers(self, request: Request, now: float) -> bool:
         """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
         could make it miss its deadline."""
-        if self.deferral is None or not self.deferral.defers(len(self.running) + len(self.parked),
+        if not self.deferral.defers(len(self.running) + len(self.parked),
                                                              len(self.queue) - len(self.parked)):
             return False
         batch = max(len(self.running), 1)
@@ -189,8 +186,7 @@ class Scheduler:
         del self.parked[request.id]
         self._call(Call.SUSPEND, request)
         request.seg_gen_start = None
-        if self.times:  # its G(s) now includes the resume prefill
-            self.queue.update(request)
+        self.queue.update(request)  # with TimeBill its G(s) now includes the resume prefill
 
     def _evict(self, request: Request) -> None:
         """RUNNING -> SUSPENDED: Amin frees KV memory mid-segment; queued again, its token ids kept

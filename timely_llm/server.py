@@ -23,9 +23,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from timely_llm.core.admission import AminAdmission, DeferredPrefill, departure_threshold
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral, departure_threshold
 from timely_llm.core.batch import BatchController
-from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
+from timely_llm.core.estimator import ExecutionTimeEstimator, ProfiledTimes, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.grammar import plan_grammar
@@ -126,8 +126,9 @@ class Server:
         self.clock = clock
         self.network_latency = network_latency
         self.default_max_new_tokens = default_max_new_tokens
-        self.times = _segment_times(estimator, robots, engine.block_size) if features.timebill else None
-        """TimeBill's G(s) and WCET (the ``timebill`` feature); None: the robots' profiled constants."""
+        timebill = _segment_times(estimator, robots, engine.block_size) if features.timebill else None
+        self.times = timebill or ProfiledTimes()
+        """TimeBill's G(s) and WCET (the ``timebill`` feature), or the robots' profiled constants."""
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
         self.on_infeasible = on_infeasible or (lambda request: None)
@@ -139,22 +140,20 @@ class Server:
         running: dict[str, Request] = {}
         batch = BatchController(policy.adaptive_batch, _batch_cap(max_batch, engine), network_latency,
                                 throughput=_throughput_model(estimator) if features.ala else None,
-                                wcet_model=self.times.wcet if self.times else None, counters=self.counters)
-        self.overload = OverloadControl(features.shed, running, self.times, network_latency, self.counters,
+                                wcet_model=timebill.wcet if timebill else None, counters=self.counters)
+        self.overload = OverloadControl(features.shed, running, timebill, network_latency, self.counters,
                                         tell=self._infeasible_now, overran=self._overrun)
+        self.memory = (AminAdmission if features.amin else KvAdmission)(engine.blocks_for)
         self.scheduler = Scheduler(
             engine, GenerationQueue(make_policy(policy.priority, network_latency),
-                                    self.times.queue_terms if self.times else None),
-            batch, self.overload, running, self.times,
-            AminAdmission(engine.blocks_for) if features.amin else None,
-            _deferred_prefill(estimator, robots, batch.max_batch) if features.deferred_prefill else None,
+                                    timebill.queue_terms if timebill else None),
+            batch, self.overload, running, self.times, self.memory,
+            _deferred_prefill(estimator, robots, batch.max_batch) if features.deferred_prefill else NoDeferral(),
             network_latency, self.counters)
         self.queue = self.scheduler.queue
         self.batch = batch
         self.running = running
         self.parked = self.scheduler.parked
-        self.amin = self.scheduler.amin
-        self.deferral = self.scheduler.deferral
 
     # ----- called by robots and front ends (any thread) -----
 
@@ -240,8 +239,7 @@ class Server:
         """
         gen_id = f"warm-{len(prompt_ids)}-{hash(tuple(prompt_ids)) & 0xFFFF:x}"
         with self.lock:
-            if self.times:
-                self.times.warmed(prompt_ids)
+            self.times.warmed(prompt_ids)
             self.engine.start(GenerationSpec(gen_id, list(prompt_ids), max_new_tokens=1, forced_ids=[]))
             while True:
                 started = self.clock.now()
@@ -286,7 +284,7 @@ class Server:
             self._finish(request, Status.ABORTED, f"engine rejected the request: {exc}", in_engine=resumed)
 
     def _kv_tokens(self) -> int:
-        return sum(r.context_tokens for r in self.running.values()) if self.times else 0
+        return sum(r.context_tokens for r in self.running.values())
 
     def _step_engine(self) -> StepOutput | None:
         """One engine iteration; None when the engine failed, which ends the requests it was running."""
@@ -302,20 +300,16 @@ class Server:
         compiling, time nothing)."""
         if out.duration > 0 and out.new_tokens:
             self.batch.record_step(out.duration, len(out.new_tokens), prefill=bool(out.started))
-            if self.times:
-                self.times.record_step(out.duration, batch, kv_tokens)
+            self.times.record_step(out.duration, batch, kv_tokens)
 
     def _predict_gen_times(self, started: list[tuple[Request, int]]) -> None:
         """G(s) of each segment whose generation (re)started at this scheduling point, for the records."""
-        if self.times and started:
+        if started:
             self.times.join([r.context_tokens for r in self.running.values()], None)
         for request, uncached in started:
             if request.status is not Status.RUNNING or request.seg_tokens:
                 continue  # the engine rejected it, or it resumed mid-segment: the prediction at its start stands
-            if self.times:
-                request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
-            else:
-                request.seg_predicted = request.robot.segment_generation_time
+            request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
 
     # ----- overload control: what is decided in core/overload.py, carried out -----
 
@@ -417,17 +411,15 @@ class Server:
                           gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
                           gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
                           tokens=request.seg_tokens, predicted_gen_time=request.seg_predicted)
-        if self.times:
-            self.times.observe(request, segment.index, segment.tokens)
+        self.times.observe(request, segment.index, segment.tokens)
         request.segments.append(segment)
-        if self.amin is not None:
-            self.amin.segments.observe(robot.robot, request.seg_tokens)
+        self.memory.observe_segment(robot.robot, request.seg_tokens)
         request.prev_end_est = start_est + estimate
         request.seg_tokens = 0
         request.seg_gen_start = now
         request.last_start_cache = None
-        if self.times:  # generation goes on unless it is parked (then the scheduling point predicts again)
-            request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
+        # generation goes on unless it is parked (then the scheduling point predicts again)
+        request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
         self.on_segment(request, segment)
         if request.overrun != OVERRUN_NONE and not final:
             self.overload.watch_segment(request)
@@ -473,17 +465,17 @@ def _batch_cap(max_batch: int | None, engine: Engine) -> int:
 
 
 def _deferred_prefill(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],
-                      max_batch: int | None) -> DeferredPrefill | None:
+                      max_batch: int | None) -> DeferredPrefill | NoDeferral:
     """K* from the engine's step model read as paper 004's affine one: a prefill stalls decoding for
     c_p (the profile's ``prefill_stall``) plus its tokens' time, TBT = the step intercept + t_d·B; a
     generation leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
-    None where K* = 1: without a fixed stall, as in the simulated GPUs and vLLM V1's chunked prefill,
+    None of it where K* = 1: without a fixed stall, as in the simulated GPUs and vLLM V1's chunked prefill,
     holding prefills back saves nothing and only delays first actions (the paper's Remark 2)."""
     if estimator is None:
         raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
     mean_segment = sum(r.segment_max_tokens for r in robots.values()) / max(len(robots), 1)
     threshold = departure_threshold(estimator.stall, estimator.c, max_batch or 1, 1.0 / max(mean_segment, 1.0))
-    return DeferredPrefill(threshold) if threshold > 1 else None
+    return DeferredPrefill(threshold) if threshold > 1 else NoDeferral()
 
 
 def _throughput_model(estimator: ExecutionTimeEstimator | None) -> ThroughputModel:

@@ -31,8 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from timely_llm.core.request import Request
+
+if TYPE_CHECKING:
+    from timely_llm.engines.base import KvView
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,48 @@ class SegmentLengths:
         return self._shortest.get(robot, 1)
 
 
+class KvAdmission:
+    """Amin off: a newcomer needs room for its context and a whole segment in the free blocks the engine
+    reports; nothing is reserved or evicted (the engine preempts on overflow)."""
+
+    def __init__(self, blocks_for: Callable[[int], int]) -> None:
+        self.blocks_for = blocks_for
+
+    def blocks_needed(self, request: Request, parked: bool, kv: KvView) -> int:
+        """Blocks ``request`` needs to run (a parked generation holds its own)."""
+        return 0 if parked else self.blocks_for(request.context_tokens + request.robot.segment_max_tokens)
+
+    def free(self, kv: KvView, reserved: int) -> int:
+        return kv.free_blocks
+
+    def demand(self, running: Iterable[Request]) -> tuple[int, int]:
+        return 0, 0
+
+    @staticmethod
+    def eviction_order(running: Iterable[Request], network_latency: float) -> list[Request]:
+        return []
+
+    def observe_segment(self, robot: str, tokens: int) -> None:
+        pass
+
+
 class AminAdmission:
     """The memory side of admission and eviction for one engine (``blocks_for``: tokens -> KV blocks)."""
 
     def __init__(self, blocks_for: Callable[[int], int]) -> None:
         self.blocks_for = blocks_for
         self.segments = SegmentLengths()
+
+    def blocks_needed(self, request: Request, parked: bool, kv: KvView) -> int:
+        """Blocks ``request`` takes before reaching its lower bound: ``reserve`` if running, else ``needed``."""
+        return self.reserve(request) if parked else self.needed(request, kv.blocks_to_start)
+
+    def free(self, kv: KvView, reserved: int) -> int:
+        """Free blocks less those the generations admitted before still take to their lower bounds."""
+        return kv.free_blocks - reserved
+
+    def observe_segment(self, robot: str, tokens: int) -> None:
+        self.segments.observe(robot, tokens)
 
     def bounds(self, request: Request) -> LengthBounds:
         """Remaining tokens of the request's current segment (always at least one more)."""
@@ -152,3 +192,13 @@ class DeferredPrefill:
     def prefilled(self, batch: int) -> None:
         """A scheduling point prefilled; ``batch`` generations run after it."""
         self._batch_after_prefill = batch
+
+
+class NoDeferral:
+    """Deferred prefill off (or K* = 1): every prefill starts when admitted."""
+
+    def defers(self, in_batch: int, waiting: int) -> bool:
+        return False
+
+    def prefilled(self, batch: int) -> None:
+        pass

@@ -173,6 +173,31 @@ class Histogram:
         return self._prediction
 
 
+class ProfiledTimes:
+    """TimeBill off: each segment takes its robot's profiled generation time G, and nothing is learned."""
+
+    def warmed(self, prompt_ids: Sequence[int]) -> None:
+        pass
+
+    def join(self, contexts: Sequence[int], max_batch: int | None) -> None:
+        pass
+
+    def record_step(self, duration: float, batch: int, kv_tokens: int) -> None:
+        pass
+
+    def observe(self, request: Request, index: int, tokens: int) -> None:
+        pass
+
+    def token_time(self) -> None:
+        """No token time: the queue ranks by the profiled G."""
+
+    def uncached_tokens(self, request: Request) -> int:
+        return 0
+
+    def gen_time(self, request: Request, uncached: int, batch: int) -> float:
+        return request.robot.segment_generation_time
+
+
 class SegmentTimes:
     """G(s) and the WCET of a segment for the server and its batch controller.
 
