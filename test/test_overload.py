@@ -54,14 +54,17 @@ class LoggedServer(Server):
             check(now)
 
         self.overload.check = noting_check
+        tell = self.overload.tell
+
+        def noting_tell(request: Request, now: float, left: float | None) -> None:
+            self.told_while[request.id] = request.status
+            tell(request, now, left)
+
+        self.overload.tell = noting_tell
 
     def step(self) -> bool:
         self.points.append(self.clock.now())  # each step is one scheduling point
         return super().step()
-
-    def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
-        self.told_while[request.id] = request.status
-        super()._infeasible_now(request, now, left)
 
 
 class Run:

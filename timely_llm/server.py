@@ -30,8 +30,6 @@ from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.overload import (
-    INFEASIBLE_REASON,
-    OVERRUN_KILL,
     OVERRUN_NONE,
     OVERRUN_STRATEGIES,
     OverloadControl,
@@ -103,6 +101,19 @@ class PlanRequest:
     overrun: str = OVERRUN_NONE
     """What to do with a segment that overruns its deadline: none, kill or skip-next (core/overload.py)."""
 
+    def check(self, robots: dict[str, SkillModel]) -> None:
+        """Raises RequestRejected, with the reason, for a request no robot of ``robots`` can be served."""
+        if not self.agent:
+            raise RequestRejected("agent id is empty")
+        if self.robot not in robots:
+            raise RequestRejected(f"unknown robot type {self.robot!r} (known: {', '.join(sorted(robots))})")
+        if not self.prompt_ids:
+            raise RequestRejected("empty prompt")
+        if self.max_new_tokens < 0:
+            raise RequestRejected(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.overrun not in OVERRUN_STRATEGIES:
+            raise RequestRejected(f"unknown overrun strategy {self.overrun!r} (known: {', '.join(OVERRUN_STRATEGIES)})")
+
 
 class Server:
     """The loop: the scheduler decides, the loop applies its decision to the engine, steps the engine and
@@ -142,7 +153,7 @@ class Server:
                                 throughput=_throughput_model(estimator) if features.ala else None,
                                 wcet_model=timebill.wcet if timebill else None, counters=self.counters)
         self.overload = OverloadControl(features.shed, running, timebill, network_latency, self.counters,
-                                        tell=self._infeasible_now, overran=self._overrun)
+                                        finish=self._finish, notify=lambda request: self.on_infeasible(request))
         self.memory = (AminAdmission if features.amin else KvAdmission)(engine.blocks_for)
         self.scheduler = Scheduler(
             engine, GenerationQueue(make_policy(policy.priority, network_latency),
@@ -160,7 +171,9 @@ class Server:
     def submit(self, plan: PlanRequest) -> Request:
         arrival = self.clock.now() if plan.arrival is None else plan.arrival  # before waiting for the lock
         with self.lock:
-            self._validate(plan)
+            if not plan.id or plan.id in self.requests:
+                raise RequestRejected(f"request id {plan.id!r} is empty or already used")
+            plan.check(self.robots)
             robot = self.robots[plan.robot]
             request = Request(
                 id=plan.id, agent=plan.agent, robot=robot, tuf=plan.tuf,
@@ -251,20 +264,6 @@ class Server:
 
     # ----- internals -----
 
-    def _validate(self, plan: PlanRequest) -> None:
-        if not plan.id or plan.id in self.requests:
-            raise RequestRejected(f"request id {plan.id!r} is empty or already used")
-        if not plan.agent:
-            raise RequestRejected("agent id is empty")
-        if plan.robot not in self.robots:
-            raise RequestRejected(f"unknown robot type {plan.robot!r} (known: {', '.join(sorted(self.robots))})")
-        if not plan.prompt_ids:
-            raise RequestRejected("empty prompt")
-        if plan.max_new_tokens < 0:
-            raise RequestRejected(f"max_new_tokens must be >= 0, got {plan.max_new_tokens}")
-        if plan.overrun not in OVERRUN_STRATEGIES:
-            raise RequestRejected(f"unknown overrun strategy {plan.overrun!r} (known: {', '.join(OVERRUN_STRATEGIES)})")
-
     def _apply(self, decision: SchedulerOutput) -> None:
         """Make the engine calls the scheduler decided, in its order."""
         for call, request in decision.calls:
@@ -310,31 +309,6 @@ class Server:
             if request.status is not Status.RUNNING or request.seg_tokens:
                 continue  # the engine rejected it, or it resumed mid-segment: the prediction at its start stands
             request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
-
-    # ----- overload control: what is decided in core/overload.py, carried out -----
-
-    def _infeasible_now(self, request: Request, now: float, left: float | None = None) -> None:
-        """Tell (shed, or notify a robot that keeps waiting); ``left``: the predicted rest of a first segment
-        being generated (default: the fastest first segment, for one not started)."""
-        request.infeasible_at = now
-        left = request.fastest_first_segment if left is None else left
-        request.best_response = now + left + self.network_latency - request.arrival
-        if request.keep_if_infeasible:
-            self.counters["infeasible_kept"] += 1
-            self.on_infeasible(request)
-            return
-        request.shed = True
-        self.counters["shed"] += 1
-        self._finish(request, Status.ABORTED, INFEASIBLE_REASON)
-
-    def _overrun(self, request: Request, index: int) -> None:
-        """Segment ``index`` overran its deadline: kill the plan, or skip that segment when it comes out."""
-        if request.overrun == OVERRUN_KILL:
-            self.counters["overruns_killed"] += 1
-            request.killed_at = self.clock.now()
-            self._finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
-        else:
-            request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
 
     # ----- ends: the scheduler moves the request, the loop frees what the engine holds -----
 
@@ -401,23 +375,9 @@ class Server:
         if request.skip_current and text.strip():
             self._skip(request, now, final)
             return
-        robot = request.robot
-        calls = robot.find_calls(text)
-        estimate = robot.min_exec_time(text, calls)
-        arrives = now + self.network_latency
-        start_est = max(arrives, request.prev_end_est) if request.segments else arrives
-        cached, evicted = request.last_start_cache or (None, False)
-        segment = Segment(len(request.segments), text, calls,
-                          gen_start=request.seg_gen_start if request.seg_gen_start is not None else now,
-                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
-                          tokens=request.seg_tokens, predicted_gen_time=request.seg_predicted)
+        segment = request.cut_segment(text, now, self.network_latency, final)
         self.times.observe(request, segment.index, segment.tokens)
-        request.segments.append(segment)
-        self.memory.observe_segment(robot.robot, request.seg_tokens)
-        request.prev_end_est = start_est + estimate
-        request.seg_tokens = 0
-        request.seg_gen_start = now
-        request.last_start_cache = None
+        self.memory.observe_segment(request.robot.robot, segment.tokens)
         # generation goes on unless it is parked (then the scheduling point predicts again)
         request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
         self.on_segment(request, segment)
@@ -426,13 +386,8 @@ class Server:
 
     def _skip(self, request: Request, now: float, final: bool) -> None:
         """Skip-next: the overrun segment is dropped; the next one's deadline counts from now."""
-        request.skip_current = False
-        request.skipped_segments += 1
+        request.skip_segment(now)
         self.counters["overruns_skipped"] += 1
-        request.prev_end_est = max(request.prev_end_est, now)
-        request.seg_tokens = 0
-        request.seg_gen_start = now
-        request.last_start_cache = None
         if final:  # the robot still has to learn that the plan ended
             self._dispatch(request, "", now, final=True)
         else:

@@ -79,23 +79,23 @@ def segment_deadline(first: bool, arrival: float, prev_end: float, cutoff: float
 
 class OverloadControl:
     """Decides, for one server, when a request is told that its deadline cannot be met (``shed``) and when
-    a segment overran its deadline (each request's overrun strategy); the server carries both out through
-    ``tell(request, now, left)`` and ``overran(request, segments_done)``.
+    a segment overran its deadline (each request's overrun strategy), and carries both out: a request
+    ends through the server's ``finish(request, status, reason)``, a robot that keeps waiting is told
+    through ``notify(request)``.
 
     ``running``: the server's running generations (read, never changed here); ``times``: TimeBill's
     estimator, when on, for the predicted generation times."""
 
     def __init__(self, shed: bool, running: Mapping[str, Request], times: SegmentTimes | None,
                  network_latency: float, counters: Counter[str],
-                 tell: Callable[[Request, float, float | None], None],
-                 overran: Callable[[Request, int], None]) -> None:
+                 finish: Callable[[Request, Status, str], None], notify: Callable[[Request], None]) -> None:
         self.shed = shed
         self.running = running
         self.times = times
         self.network_latency = network_latency
         self.counters = counters
-        self.tell = tell
-        self.overran = overran
+        self.finish = finish
+        self.notify = notify
         self._infeasible: DueHeap[Request] = DueHeap()
         """First segments not yet generated, by the time they become infeasible (``shed``)."""
         self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
@@ -128,7 +128,30 @@ class OverloadControl:
             if deadline >= now:  # moved later (the robot reported the previous segment's real end)
                 self._overruns.push(deadline, (request, done))
             else:
-                self.overran(request, done)
+                self.overran(request, done, now)
+
+    def tell(self, request: Request, now: float, left: float | None) -> None:
+        """Its deadline cannot be met: shed it, or notify a robot that keeps waiting; ``left``: the predicted
+        rest of a first segment being generated (None: the fastest first segment, for one not started)."""
+        request.infeasible_at = now
+        left = request.fastest_first_segment if left is None else left
+        request.best_response = now + left + self.network_latency - request.arrival
+        if request.keep_if_infeasible:
+            self.counters["infeasible_kept"] += 1
+            self.notify(request)
+            return
+        request.shed = True
+        self.counters["shed"] += 1
+        self.finish(request, Status.ABORTED, INFEASIBLE_REASON)
+
+    def overran(self, request: Request, index: int, now: float) -> None:
+        """Segment ``index`` overran its deadline: kill the plan, or skip that segment when it comes out."""
+        if request.overrun == OVERRUN_KILL:
+            self.counters["overruns_killed"] += 1
+            request.killed_at = now
+            self.finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
+        else:
+            request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
 
     def breaks_a_cutoff(self, newcomer: Request, now: float) -> bool:
         """Would one more generation in the batch make a running first segment, more urgent than ``newcomer``

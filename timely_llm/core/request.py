@@ -184,6 +184,35 @@ class Request:
         self.path.append(to)
         return came_from
 
+    def cut_segment(self, text: str, now: float, network_latency: float, final: bool) -> Segment:
+        """The segment generated since the last cut, dispatched at ``now``; the next one starts here."""
+        calls = self.robot.find_calls(text)
+        estimate = self.robot.min_exec_time(text, calls)
+        arrives = now + network_latency
+        start_est = max(arrives, self.prev_end_est) if self.segments else arrives
+        cached, evicted = self.last_start_cache or (None, False)
+        segment = Segment(len(self.segments), text, calls,
+                          gen_start=self.seg_gen_start if self.seg_gen_start is not None else now,
+                          gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
+                          tokens=self.seg_tokens, predicted_gen_time=self.seg_predicted)
+        self.segments.append(segment)
+        self.prev_end_est = start_est + estimate
+        self._next_segment(now)
+        return segment
+
+    def skip_segment(self, now: float) -> None:
+        """Skip-next: the segment generated since the last cut is dropped; the next one's deadline counts
+        from ``now``."""
+        self.skip_current = False
+        self.skipped_segments += 1
+        self.prev_end_est = max(self.prev_end_est, now)
+        self._next_segment(now)
+
+    def _next_segment(self, now: float) -> None:
+        self.seg_tokens = 0
+        self.seg_gen_start = now
+        self.last_start_cache = None
+
     @property
     def finished_generating(self) -> bool:
         """The whole plan was generated (so the last segment dispatched is the final one)."""
