@@ -93,18 +93,21 @@ class Scheduler:
                 self._suspend_parked()  # they rank below this one: free what they hold and retry
                 continue
             reserved += needed
-            uncached = self.times.uncached_tokens(request)
-            if parked:
-                self._keep_running(request)
-            else:
-                self._start(request, now)
-                prefilling = True
+            self._admit(request, parked, now)
             running.add(request)
-            self._out.started.append((request, uncached))
+            prefilling = prefilling or not parked
         self._suspend_parked()
         if prefilling:
             self.deferral.prefilled(len(self.running))
         return self._out
+
+    def _admit(self, request: Request, parked: bool, now: float) -> None:
+        """Into the batch: a parked generation goes on, a queued one is (re)started."""
+        self._out.started.append((request, self.times.uncached_tokens(request)))
+        if parked:
+            self._keep_running(request)
+        else:
+            self._start(request, now)
 
     def _memory(self, request: Request, parked: bool, reserved: int) -> tuple[int, int]:
         """KV blocks ``request`` needs to (go on) run and those free for it."""
