@@ -76,6 +76,17 @@ class _Generation:
     """The live vLLM request while suspended in place (its KV kept), else None."""
     resumed_in_place: bool = False
 
+    def resume_info(self, cached: int, block_size: int) -> ResumeInfo:
+        """How this start found its context, vLLM having served ``cached`` tokens from its prefix cache."""
+        if self.resumed_in_place:
+            self.resumed_in_place = False
+            return ResumeInfo(self.context_tokens, self.context_tokens, False)
+        # vLLM always recomputes the last context token, so a full hit covers the
+        # full blocks of context_tokens - 1.
+        expected = (self.context_tokens - 1) // block_size * block_size
+        evicted = bool(self.spec.output_ids) and cached < expected
+        return ResumeInfo(self.context_tokens, cached, evicted)
+
 
 class VllmEngine(Engine):
     suspends_in_place = True
@@ -100,23 +111,7 @@ class VllmEngine(Engine):
         ``priority`` orders vLLM's waiting queue and picks its preemption victim), passed as they are; vLLM's
         refusal raises EngineArgsError (vllm_args).
         """
-        check_fields(engine_args)
-        # In process (our scheduler reads vLLM's); tensor parallel workers are still processes of their own.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # Model Runner V2 (the CUDA default since vLLM 0.25) takes logits processors
-        # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-
-        args = EngineArgs(
-            **(_model_args(model) | engine_args),
-            kv_cache_memory_bytes=int(kv_cache_gib * GIB) if kv_cache_gib else None,
-            enable_prefix_caching=True,
-            async_scheduling=False,
-            logits_processors=[ForcedTokensProcessor],
-            **_offloading_args(kv_offloading_gib),
-        )
-        config = create_config(args, engine_args)
-        self._engine = LLMEngine.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+        self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, engine_args)
         self._priority_scheduling = config.scheduler_config.policy == "priority"
         self._max_model_len: int = config.model_config.max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
@@ -314,7 +309,7 @@ class VllmEngine(Engine):
         completion = out.outputs[0]
         if gen.awaiting_first_output:
             gen.awaiting_first_output = False
-            result.started[gen_id] = self._resume_info(gen, out.num_cached_tokens or 0)
+            result.started[gen_id] = gen.resume_info(out.num_cached_tokens or 0, self.block_size)
         if completion.token_ids:
             gen.output_ids.extend(completion.token_ids)
             result.new_tokens[gen_id] = list(completion.token_ids)
@@ -345,16 +340,6 @@ class VllmEngine(Engine):
         for gen in preempted_paused:
             self._stop_request(gen)
 
-    def _resume_info(self, gen: _Generation, cached: int) -> ResumeInfo:
-        if gen.resumed_in_place:
-            gen.resumed_in_place = False
-            return ResumeInfo(gen.context_tokens, gen.context_tokens, False)
-        # vLLM always recomputes the last context token, so a full hit covers the
-        # full blocks of context_tokens - 1.
-        expected = (gen.context_tokens - 1) // self.block_size * self.block_size
-        evicted = bool(gen.spec.output_ids) and cached < expected
-        return ResumeInfo(gen.context_tokens, cached, evicted)
-
     def _fail_running(self, began: float, cause: str) -> StepOutput:
         result = StepOutput(duration=time.perf_counter() - began)
         for gen in list(self._gens.values()):
@@ -370,6 +355,27 @@ class VllmEngine(Engine):
 
     def _scheduler(self) -> Any:
         return self._engine.engine_core.engine_core.scheduler
+
+
+def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offloading_gib: float | None,
+                   engine_args: dict[str, Any]) -> tuple[LLMEngine, Any]:
+    """vLLM's engine in this process, with the settings our loop relies on, and its config."""
+    check_fields(engine_args)
+    # In process (our scheduler reads vLLM's); tensor parallel workers are still processes of their own.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Model Runner V2 (the CUDA default since vLLM 0.25) takes logits processors
+    # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    args = EngineArgs(
+        **(_model_args(model) | engine_args),
+        kv_cache_memory_bytes=int(kv_cache_gib * GIB) if kv_cache_gib else None,
+        enable_prefix_caching=True,
+        async_scheduling=False,
+        logits_processors=[ForcedTokensProcessor],
+        **_offloading_args(kv_offloading_gib),
+    )
+    config = create_config(args, engine_args)
+    return LLMEngine.from_vllm_config(config, disable_log_stats=args.disable_log_stats), config
 
 
 def _model_args(model: str | Path | None) -> dict[str, Any]:
