@@ -118,10 +118,10 @@ def test_a_queue_row_is_updated_in_place() -> None:
     a = server.submit(plan(engine, "a", multi_segment_traces()[0]))
     b = server.submit(plan(engine, "b", multi_segment_traces()[1]))
     order = list(server.queue)
-    a.prev_end_est = 42.0
+    a.arrival = 42.0  # the first segment's TUF counts from the arrival
     server.queue.update(a)
     assert list(server.queue) == order and len(server.queue) == 2
-    assert server.queue._columns.column("prev_end")[order.index(a)] == 42.0
+    assert server.queue._columns.column("origin")[order.index(a)] == 42.0
     assert b in list(server.queue)
 
 

@@ -69,14 +69,6 @@ def infeasible_at(arrival: float, cutoff: float, generation_time: float, network
     return arrival + cutoff - network_latency - generation_time
 
 
-def segment_deadline(first: bool, arrival: float, prev_end: float, cutoff: float, alpha: float, beta: float,
-                     network_latency: float) -> float:
-    """Latest dispatch of a segment that can still bring utility >= 0 (inf when the TUF never reaches zero)."""
-    if first:
-        return arrival + cutoff - network_latency
-    return math.inf if alpha == 0 else prev_end - beta / alpha - network_latency
-
-
 class OverloadControl:
     """Decides, for one server, when a request is told that its deadline cannot be met (``shed``) and when
     a segment overran its deadline (each request's overrun strategy), and carries both out: a request
@@ -201,10 +193,10 @@ class OverloadControl:
         return self.times.prefill_time(request, self.times.uncached_tokens(request)) + tokens
 
     def _segment_deadline(self, request: Request) -> float:
-        tuf = request.tuf
-        first = not request.segments and not request.skipped_segments
-        return segment_deadline(first, request.arrival, request.prev_end_est, tuf.cutoff,
-                                tuf.alpha, tuf.beta, self.network_latency)
+        """Latest dispatch of the next segment (sent or skipped) that can still bring utility >= 0 (inf when
+        the TUF never reaches zero)."""
+        origin, tuf = request.segment_tuf(segments_done(request))
+        return origin + tuf.cutoff - self.network_latency
 
     def _cutoff_dispatch(self, request: Request) -> float:
         return request.arrival + request.tuf.cutoff - self.network_latency

@@ -14,9 +14,10 @@ import numpy as np
 class QueueColumns:
     """Per-generation scheduling parameters, one numpy column each."""
 
-    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "prev_end", "gen_time", "gen_fixed", "gen_tokens",
-             "gen_mean")
-    """``gen_time`` is G(s); the queue may derive it from its terms: gen_fixed + gen_tokens x a token time.
+    NAMES = ("arrival", "ert", "alpha", "beta", "seg_index", "origin", "seg_ert", "gen_time", "gen_fixed",
+             "gen_tokens", "gen_mean")
+    """``origin`` and ``seg_ert``: when the next segment's TUF counts from and its ERT (``Request.segment_tuf``).
+    ``gen_time`` is G(s); the queue may derive it from its terms: gen_fixed + gen_tokens x a token time.
     ``gen_mean`` is Eq. 4's G: the robot's average segment generation time from profiling."""
 
     def __init__(self, capacity: int = 64) -> None:
@@ -109,8 +110,7 @@ class PUD(PriorityPolicy):
         first = q.column("seg_index") == 0
         g = q.column("gen_mean")  # Eq. 4's G
         action_start = now + q.column("gen_time") + self.network_latency
-        origin = np.where(first, q.column("arrival"), q.column("prev_end"))
-        ert = np.where(first, q.column("ert"), 0.0)
+        origin, ert = q.column("origin"), q.column("seg_ert")
         beta, alpha = q.column("beta"), q.column("alpha")
         utility = np.minimum(beta, alpha * (action_start - origin - ert) + beta)
         slack = origin + ert - action_start

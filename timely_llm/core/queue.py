@@ -79,10 +79,11 @@ class GenerationQueue:
     def _row(self, request: Request) -> tuple[float, ...]:
         """The request's values for ``QueueColumns.NAMES``."""
         tuf = request.tuf
+        origin, segment_tuf = request.segment_tuf(request.seg_index)
         fixed, tokens = self.gen_terms(request)
         gen_time = fixed + tokens * self.token_time if self.token_time is not None else fixed
-        return (request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index,
-                request.prev_end_est, gen_time, fixed, tokens, request.robot.segment_generation_time)
+        return (request.arrival, tuf.ert, tuf.alpha, tuf.beta, request.seg_index, origin, segment_tuf.ert,
+                gen_time, fixed, tokens, request.robot.segment_generation_time)
 
 
 def _profiled_gen_time(request: Request) -> tuple[float, float]:

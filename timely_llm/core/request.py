@@ -222,11 +222,17 @@ class Request:
     def seg_index(self) -> int:
         return len(self.segments)
 
+    def segment_tuf(self, index: int) -> tuple[float, TUF]:
+        """Segment ``index``'s TUF and the time its response counts from: TUF_0 from the arrival for the
+        first segment, TUF_1 from the previous segment's estimated end for later ones (§4.2)."""
+        if index == 0:
+            return self.arrival, self.tuf
+        return self.prev_end_est, self.tuf.for_segment(index)
+
     def dispatch_deadline(self, network_latency: float) -> float:
         """Latest dispatch that still lets the next segment's action start on time."""
-        if self.seg_index == 0:
-            return self.arrival + self.tuf.ert - network_latency
-        return self.prev_end_est - network_latency
+        origin, tuf = self.segment_tuf(self.seg_index)
+        return origin + tuf.ert - network_latency
 
     @property
     def context_tokens(self) -> int:
