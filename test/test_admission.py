@@ -6,7 +6,7 @@ import pytest
 from record_checks import check_record
 
 from timely_llm.clock import VirtualClock
-from timely_llm.core.admission import AminAdmission, DeferredPrefill, LengthBounds, departure_threshold
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, departure_threshold
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
 from timely_llm.core.request import Request, Status
@@ -64,15 +64,14 @@ def blocks_for(tokens: int) -> int:
 
 def test_segment_lower_bound_is_the_shortest_seen_and_rises_as_tokens_arrive():
     amin = AminAdmission(blocks_for)
-    seg_max = SKILLS["tello"].segment_max_tokens
-    assert amin.bounds(drone_request()) == LengthBounds(1, seg_max)  # nothing seen: one token is certain
+    assert amin.lower_bound(drone_request()) == 1  # nothing seen: one token is certain
     amin.segments.observe("tello", 0)  # an empty piece says nothing
     amin.segments.observe("tello", 6)
     amin.segments.observe("tello", 9)
     assert amin.segments.lower("tello") == 6 and amin.segments.lower("arm") == 1
-    assert amin.bounds(drone_request()) == LengthBounds(6, seg_max)
-    assert amin.bounds(drone_request(output=4, seg_tokens=4)) == LengthBounds(2, seg_max - 4)
-    assert amin.bounds(drone_request(output=8, seg_tokens=8)).lower == 1  # past the bound: one more token
+    assert amin.lower_bound(drone_request()) == 6
+    assert amin.lower_bound(drone_request(output=4, seg_tokens=4)) == 2
+    assert amin.lower_bound(drone_request(output=8, seg_tokens=8)) == 1  # past the bound: one more token
 
 
 def test_block_counts_follow_the_kv_written_next():

@@ -30,21 +30,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from timely_llm.core.request import Request
 
 if TYPE_CHECKING:
     from timely_llm.engines.base import KvView
-
-
-@dataclass(frozen=True)
-class LengthBounds:
-    """Tokens a generation still writes before its current segment ends, as an interval."""
-
-    lower: int
-    upper: int
 
 
 class SegmentLengths:
@@ -104,26 +95,21 @@ class AminAdmission:
     def observe_segment(self, robot: str, tokens: int) -> None:
         self.segments.observe(robot, tokens)
 
-    def bounds(self, request: Request) -> LengthBounds:
-        """Remaining tokens of the request's current segment (always at least one more)."""
-        lower = self._lower(request)
-        return LengthBounds(lower, max(request.robot.segment_max_tokens - request.seg_tokens, lower))
-
-    def _lower(self, request: Request) -> int:
-        """``bounds(request).lower``, for the loops that need only it."""
+    def lower_bound(self, request: Request) -> int:
+        """Tokens the request's current segment certainly still takes (always at least one more)."""
         return max(self.segments.lower(request.robot.robot) - request.seg_tokens, 1)
 
     def reserve(self, request: Request) -> int:
         """Blocks a running generation still takes before reaching its lower bound."""
         context = request.context_tokens
-        return self.blocks_for(context - 1 + self._lower(request)) - self.blocks_for(context - 1)
+        return self.blocks_for(context - 1 + self.lower_bound(request)) - self.blocks_for(context - 1)
 
     def needed(self, request: Request, blocks_to_start: Callable[[list[int]], int]) -> int:
         """Free blocks a generation (re)started now takes: its prompt less what other generations
         share with it in the prefix cache (its own generated tokens no one shares; ``blocks_to_start``:
         the engine's count of a prompt's blocks), the rest of its context and its segment's lower bound."""
         prompt = len(request.prompt_ids)
-        rest = self.blocks_for(request.context_tokens + self._lower(request)) - self.blocks_for(prompt)
+        rest = self.blocks_for(request.context_tokens + self.lower_bound(request)) - self.blocks_for(prompt)
         return blocks_to_start(request.prompt_ids) + rest
 
     @staticmethod
@@ -140,7 +126,7 @@ class AminAdmission:
             context = r.context_tokens
             written = self.blocks_for(context - 1)
             growth += self.blocks_for(context) - written
-            reserve += self.blocks_for(context - 1 + self._lower(r)) - written
+            reserve += self.blocks_for(context - 1 + self.lower_bound(r)) - written
         return growth, reserve
 
 

@@ -50,9 +50,6 @@ class DueHeap(Generic[T]):
         self._heap: list[tuple[float, int, T]] = []
         self._seq = itertools.count()
 
-    def __len__(self) -> int:
-        return len(self._heap)
-
     def push(self, due: float, item: T) -> None:
         if math.isfinite(due):  # never due: nothing to watch
             heapq.heappush(self._heap, (due, next(self._seq), item))
