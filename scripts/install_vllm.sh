@@ -5,7 +5,7 @@
 # Usage: scripts/install_vllm.sh VENV_DIR      install (idempotent; pip skips what is installed)
 #        scripts/install_vllm.sh --detect      print the build this machine gets and why, install nothing
 # Environment: TIMELY_LLM_VLLM_BUILD=cuda|cpu overrides the detection; TIMELY_LLM_DRY_RUN=1 prints the
-# install commands instead of running them. A Jetson (L4T) gets neither: see README.md, "Jetson Orin".
+# install commands instead of running them. A Jetson (L4T) gets neither: see docs/deployment.md, "Jetson Orin".
 set -euo pipefail
 
 VLLM_VERSION=0.32.0     # the vLLM the engine is written and tested against, for both builds
@@ -21,7 +21,7 @@ detect() {
   esac
   if [ -e /etc/nv_tegra_release ]; then
     echo "a Jetson (L4T, /etc/nv_tegra_release): PyPI's vLLM builds do not run on it; use the jetson-containers" \
-         "vLLM image or NVIDIA's Jetson wheels (README.md, Jetson Orin), or set TIMELY_LLM_VLLM_BUILD" >&2
+         "vLLM image or NVIDIA's Jetson wheels (docs/deployment.md, Jetson Orin), or set TIMELY_LLM_VLLM_BUILD" >&2
     return 2
   fi
   if gpu="$(nvidia-smi -L 2>/dev/null | grep -m1 '^GPU')"; then
