@@ -1,7 +1,7 @@
 """The scheduler's switchable parts, from the companion papers (one source for their names and defaults).
 
 Each part is off unless switched on; ``DEFAULT`` holds the ones on by default, those
-that measurably help (README.md, "Ablation"). A set of parts is written as a comma list
+that measurably help (docs/scheduler-parts.md, "Ablation"). A set of parts is written as a comma list
 of names, or ``all``, ``none``, ``default``: ``timely-llm bench --features timebill,amin``,
 ``timely-llm sweep --features none all``, the node's ``features`` parameter.
 """
