@@ -72,7 +72,7 @@ class Scheduler:
         """
         self._out, self._kv_view = SchedulerOutput(), None
         reserved = self._evict_on_overflow()
-        self.times.join([r.context_tokens for r in self.running.values()], self.batch.max_batch)
+        self.times.join_running(self.running.values(), self.batch.max_batch)
         self.queue.token_time = self.times.token_time()
         prefilling = deferring = False
         running = self.batch.ordered(self.running.values())  # kept in step with self.running below
@@ -126,7 +126,7 @@ class Scheduler:
         """Amin's overflow resolution: suspend running generations, in its eviction order, until the
         next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
         growth, reserve = self.memory.demand(self.running.values())
-        if growth > self._kv().free_blocks:
+        if growth and growth > self._kv().free_blocks:
             for victim in self.memory.eviction_order(self.running.values(), self.network_latency):
                 self._evict(victim)
                 growth, reserve = self.memory.demand(self.running.values())

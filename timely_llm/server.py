@@ -233,7 +233,7 @@ class Server:
             self._apply(self.scheduler.schedule(self.clock.now()))
             if not self.running:
                 return False
-            began, batch, kv_tokens = self.clock.now(), len(self.running), self._kv_tokens()
+            began, batch, kv_tokens = self.clock.now(), len(self.running), self.times.kv_tokens(self.running.values())
             out = self._step_engine()
         if out is None:
             return True
@@ -282,9 +282,6 @@ class Server:
         except EngineRejected as exc:  # a resumed generation is still the engine's to release
             self._finish(request, Status.ABORTED, f"engine rejected the request: {exc}", in_engine=resumed)
 
-    def _kv_tokens(self) -> int:
-        return sum(r.context_tokens for r in self.running.values())
-
     def _step_engine(self) -> StepOutput | None:
         """One engine iteration; None when the engine failed, which ends the requests it was running."""
         try:
@@ -304,7 +301,7 @@ class Server:
     def _predict_gen_times(self, started: list[tuple[Request, int]]) -> None:
         """G(s) of each segment whose generation (re)started at this scheduling point, for the records."""
         if started:
-            self.times.join([r.context_tokens for r in self.running.values()], None)
+            self.times.join_running(self.running.values(), None)
         for request, uncached in started:
             if request.status is not Status.RUNNING or request.seg_tokens:
                 continue  # the engine rejected it, or it resumed mid-segment: the prediction at its start stands

@@ -19,7 +19,7 @@ of the batch it would join. The worst case (WCET) takes the pessimistic length
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -179,8 +179,11 @@ class ProfiledTimes:
     def warmed(self, prompt_ids: Sequence[int]) -> None:
         pass
 
-    def join(self, contexts: Sequence[int], max_batch: int | None) -> None:
+    def join_running(self, running: Collection[Request], max_batch: int | None) -> None:
         pass
+
+    def kv_tokens(self, running: Iterable[Request]) -> int:
+        return 0
 
     def record_step(self, duration: float, batch: int, kv_tokens: int) -> None:
         pass
@@ -229,6 +232,15 @@ class SegmentTimes:
         """A prompt prefix the server put in the prefix cache (requests starting with it find it there)."""
         self._warm.append(np.asarray(prompt_ids))
         self._warm_hits.clear()
+
+    def join_running(self, running: Collection[Request], max_batch: int | None) -> None:
+        """The running generations now, and the batch cap."""
+        self.join([r.context_tokens for r in running], max_batch)
+
+    @staticmethod
+    def kv_tokens(running: Iterable[Request]) -> int:
+        """Context tokens a step over ``running`` attends over (``record_step``'s ``kv_tokens``)."""
+        return sum(r.context_tokens for r in running)
 
     def join(self, contexts: Sequence[int], max_batch: int | None) -> None:
         """The running generations' context lengths now, and the batch cap."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,11 @@ class TUF:
 
     def for_segment(self, index: int) -> TUF:
         """TUF_0 for the first segment, TUF_1 (ert = 0, same alpha and beta) for later ones (§4.2)."""
-        return self if index == 0 else TUF(0.0, self.alpha, self.beta)
+        return self if index == 0 else self._later_segments
+
+    @cached_property
+    def _later_segments(self) -> TUF:
+        return TUF(0.0, self.alpha, self.beta)
 
     def to_dict(self) -> dict[str, float]:
         return {"ert": self.ert, "alpha": self.alpha, "beta": self.beta}

@@ -98,6 +98,8 @@ class SimEngine(Engine):
         return self.blocks.free_blocks + sum(self.blocks.held(gen_id) for gen_id in self._paused)
 
     def kv_after(self, suspended: Collection[str], resumed: Collection[str]) -> KvView:
+        if not suspended and not resumed:
+            return KvView(self.free_kv_blocks(), self.blocks_to_start)
         pausing = {g for g in suspended if self.suspends_in_place and self._running[g].prefilled}
         paused = (self._paused.keys() | pausing) - set(resumed)
         free, freed = self.blocks.free_after([g for g in suspended if g not in pausing], paused)
