@@ -73,6 +73,7 @@ class EngineSetup:
 
     def server_config(self, policy: str, network_latency: float, max_batch: int | None,
                       features: Features) -> ServerConfig:
+        """A bench run's server on this setup, its step-time model this setup's profile."""
         return ServerConfig(policy, network_latency, features, max_batch, step_profile=self.profile,
                             step_profile_source=f"a step-time profile of {self.name} (fit one with timely-llm profile)")
 
