@@ -15,9 +15,10 @@ from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import SimulatedRobots, Simulation, run_bench
+from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.sweep import with_kv_memory, workload_for
 from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.serving import Driver
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
 
@@ -154,43 +155,42 @@ def test_deferral_waits_for_k_departures_under_backlog_only():
     assert not deferral.defers(in_batch=2, waiting=10)  # K* departures cannot come
 
 
-def deferral_server(max_batch: int = 8) -> tuple[Server, Simulation, SimEngine]:
+def deferral_server(max_batch: int = 8) -> tuple[Server, Driver, SimEngine]:
     engine = SimEngine(STALLED)
     clock = VirtualClock()
-    server = Server(engine, SKILLS, POLICIES["timelyllm"], clock, 0.008, max_batch,
+    driver = Driver(clock)
+    robots = SimulatedRobots(SKILLS, 0.008, 0, driver.at)
+    server = Server(engine, SKILLS, POLICIES["timelyllm"], clock, 0.008, max_batch, on_segment=robots.on_segment,
                     features=Features(deferred_prefill=True), estimator=ExecutionTimeEstimator.from_profile(STALLED))
-    sim = Simulation(server, clock)
-    robots = SimulatedRobots(SKILLS, 0.008, 0, sim.schedule, server.segment_done)
-    server.on_segment = robots.on_segment
-    return server, sim, engine
+    return server, driver, engine
 
 
-def submit_at(server: Server, sim: Simulation, engine: SimEngine, rid: str, trace_id: int, t: float,
+def submit_at(driver: Driver, engine: SimEngine, rid: str, trace_id: int, t: float,
               tuf: TUF = NORMAL_TUF) -> None:
     trace = CATALOG[trace_id]
     tok = engine.tokenizer
     plan = PlanRequest(rid, rid, trace.robot, tok.encode(CATALOG.prompt_text(trace.robot, trace.prompt)), tuf,
                        "urgent" if tuf is URGENT_TUF else "normal", forced_ids=tok.encode(trace.plan),
                        trace=trace_id, arrival=t)
-    sim.schedule(t, lambda: server.submit(plan))
+    driver.arrive(plan)
 
 
 def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_takes_them_along():
-    server, sim, engine = deferral_server()
+    server, driver, engine = deferral_server()
     k = server.scheduler.deferral.threshold
     assert 1 < k < 8  # a stall of one step intercept is worth batching
     arm_traces = [t for t in sorted(CATALOG.traces) if CATALOG[t].robot == "arm"]
     for i in range(5):  # long arm plans keep the batch decoding
-        submit_at(server, sim, engine, f"busy{i}", arm_traces[i % len(arm_traces)], 0.0)
+        submit_at(driver, engine, f"busy{i}", arm_traces[i % len(arm_traces)], 0.0)
     for i in range(k):
-        submit_at(server, sim, engine, f"late{i}", 1, 0.3)
-    submit_at(server, sim, engine, "urgent", 7, 0.5, URGENT_TUF)
+        submit_at(driver, engine, f"late{i}", 1, 0.3)
+    submit_at(driver, engine, "urgent", 7, 0.5, URGENT_TUF)
     seen = {}
-    sim.schedule(0.45, lambda: seen.update(before={r: server.requests[r].status for r in server.requests}))
-    sim.schedule(0.56, lambda: seen.update(after={r: server.requests[r].status for r in server.requests}))
+    driver.at(0.45, lambda server: seen.update(before={r: server.requests[r].status for r in server.requests}))
+    driver.at(0.56, lambda server: seen.update(after={r: server.requests[r].status for r in server.requests}))
     ended = []
     server.on_finish = ended.append
-    sim.run()
+    driver.run(server)
     assert all(seen["before"][f"late{i}"] is Status.WAITING for i in range(k))  # deferred, the batch has room
     assert server.counters["deferred_prefills"] > 0
     assert seen["after"]["urgent"] is not Status.WAITING  # its slack would not wait: started at once

@@ -21,9 +21,10 @@ from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.errors import ConfigError
-from timely_llm.evaluation.harness import SimulatedRobots, Simulation, run_bench
+from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.metrics import markdown_table, run_end, shed_utility, summarize
 from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.serving import Driver
 from timely_llm.workloads.generator import BUILTIN, Workload, generate, load_workload
 from timely_llm.workloads.traces import load_catalog
 
@@ -76,13 +77,12 @@ class Run:
         self.engine = SimEngine(hardware)
         self.ended: list[tuple[float, dict]] = []
         self.told: list[tuple[float, str]] = []
+        self.driver = Driver(self.clock)
+        robots = SimulatedRobots(SKILLS, LATENCY, 0, self.driver.at)
         self.server = LoggedServer(self.engine, SKILLS, POLICIES["timelyllm"], self.clock, LATENCY, max_batch,
-                                   on_finish=self._finished, features=features,
+                                   on_segment=robots.on_segment, on_finish=self._finished, features=features,
                                    estimator=ExecutionTimeEstimator.from_profile(hardware),
                                    on_infeasible=lambda r: self.told.append((self.clock.now(), r.id)))
-        self.sim = Simulation(self.server, self.clock)
-        robots = SimulatedRobots(SKILLS, LATENCY, 0, self.sim.schedule, self.server.segment_done)
-        self.server.on_segment = robots.on_segment
 
     def _finished(self, request: Request) -> None:
         self.ended.append((self.clock.now(), Outcome.of(request).to_record()))
@@ -94,7 +94,7 @@ class Run:
                            t.category, forced_ids=encode(t.plan), trace=trace, arrival=at, **options)
 
     def submit_at(self, plan: PlanRequest) -> None:
-        self.sim.schedule(plan.arrival, lambda: self.server.submit(plan))
+        self.driver.arrive(plan)
 
     def burst(self, n: int, tuf: TUF, **options: object) -> None:
         """``n`` drone requests at once (a WID2-like event), cycling through the drone traces."""
@@ -113,7 +113,7 @@ def infeasible_time(rec: dict) -> float:
 def test_off_changes_nothing_even_when_requests_become_infeasible() -> None:
     run = Run(Features())
     run.burst(60, URGENT_TUF)
-    run.sim.run()
+    run.driver.run(run.server)
     records = run.records()
     assert len(records) == 60 and not run.server.counters and not run.told
     for rec in records.values():
@@ -125,7 +125,7 @@ def test_off_changes_nothing_even_when_requests_become_infeasible() -> None:
 def test_infeasible_requests_are_shed_within_one_scheduling_step() -> None:
     run = Run(Features(shed=True))
     run.burst(60, URGENT_TUF)
-    run.sim.run()
+    run.driver.run(run.server)
     records = run.records()
     shed = [r for r in records.values() if r["shed"]]
     assert len(records) == 60 and len(shed) == run.server.counters["shed"] > 0
@@ -151,7 +151,7 @@ def test_with_timebill_the_fastest_first_segment_is_predicted_for_the_hardware()
     for features in (Features(shed=True), Features(shed=True, timebill=True)):
         runs[features.timebill] = run = Run(features, profile=profile)
         run.burst(60, URGENT_TUF)
-        run.sim.run()
+        run.driver.run(run.server)
     told = {tb: {r["id"]: r for r in run.records().values() if r["shed"] and run.server.told_while[r["id"]].queued}
             for tb, run in runs.items()}  # shed from the queue (those shed while running: the test below)
     assert len(told[True]) > len(told[False]) > 0
@@ -175,7 +175,7 @@ def test_running_first_segments_predicted_past_their_cutoff_in_their_batch_are_s
         run = Run(Features(shed=shed, timebill=True), profile=profile, max_batch=16)
         for i in range(48):  # three every 0.1 s; a cut-off (1.7 s) that a first segment's prefill here leaves room for
             run.submit_at(run.plan(f"u{i:02d}", DRONE_TRACES[i % len(DRONE_TRACES)], EDGE_TUF, at=0.1 * (i // 3)))
-        run.sim.run()
+        run.driver.run(run.server)
         records = run.records()
         assert len(records) == 48
         served = [r["utility"] for r in records.values() if not r["shed"]]
@@ -202,7 +202,7 @@ def test_admission_keeps_running_first_segments_able_to_make_their_cutoff(monkey
         run = Run(Features(shed=True, timebill=True), profile="jetson-agx-orin-64gb-llama3-8b-q4", max_batch=16)
         for i in range(48):
             run.submit_at(run.plan(f"u{i:02d}", DRONE_TRACES[i % len(DRONE_TRACES)], EDGE_TUF, at=0.1 * (i // 3)))
-        run.sim.run()
+        run.driver.run(run.server)
         assert len(run.records()) == 48
         shed_running[guarded] = run.server.counters["shed_running"]
     assert shed_running[True] < shed_running[False]
@@ -217,7 +217,7 @@ def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting(
     assert rec["status"] == "aborted" and rec["reason"] == INFEASIBLE_REASON and rec["infeasible_at"] == 0.0
     run.server.submit(run.plan("kept", 6, impossible, keep_if_infeasible=True))
     assert run.told == [(0.0, "kept")] and len(run.ended) == 1
-    run.sim.run()
+    run.driver.run(run.server)
     kept = run.records()["kept"]
     check_record(kept, LATENCY)
     assert kept["infeasible_at"] == 0.0 and not kept["shed"] and kept["utility"] < 0
@@ -227,7 +227,7 @@ def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting(
 def test_shed_is_off_with_the_switch_even_for_goal_time_infeasible_requests() -> None:
     run = Run(Features())
     run.server.submit(run.plan("late", 6, TUF(ert=0.0, alpha=-100.0, beta=1.0)))
-    run.sim.run()
+    run.driver.run(run.server)
     assert run.records()["late"]["status"] == "succeeded" and not run.told
 
 
@@ -238,7 +238,7 @@ IDLE_INTOLERANT = TUF(ert=5.0, alpha=-1.0, beta=0.05)
 def overrun_run(strategy: str) -> Run:
     run = Run(Features(), max_batch=1)
     run.burst(60, IDLE_INTOLERANT, overrun=strategy)
-    run.sim.run()
+    run.driver.run(run.server)
     return run
 
 

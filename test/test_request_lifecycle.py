@@ -10,8 +10,9 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import SimulatedRobots, Simulation
+from timely_llm.evaluation.harness import SimulatedRobots
 from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.serving import Driver
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()
@@ -49,15 +50,15 @@ def test_status_cannot_be_set_around_the_state_machine() -> None:
         request.status = Status.SUCCEEDED  # type: ignore[misc]
 
 
-def new_server(policy: str, max_batch: int | None = None) -> tuple[Server, Simulation, SimEngine, list[Request]]:
+def new_server(policy: str, max_batch: int | None = None) -> tuple[Server, Driver, SimEngine, list[Request]]:
     engine = SimEngine(load_profile("rtx4090-llama3-8b"))
     clock = VirtualClock()
     ended: list[Request] = []
-    server = Server(engine, SKILLS, POLICIES[policy], clock, LATENCY, max_batch, on_finish=ended.append)
-    sim = Simulation(server, clock)
-    robots = SimulatedRobots(SKILLS, LATENCY, 0, sim.schedule, server.segment_done)
-    server.on_segment = robots.on_segment
-    return server, sim, engine, ended
+    driver = Driver(clock)
+    robots = SimulatedRobots(SKILLS, LATENCY, 0, driver.at)
+    server = Server(engine, SKILLS, POLICIES[policy], clock, LATENCY, max_batch, on_segment=robots.on_segment,
+                    on_finish=ended.append)
+    return server, driver, engine, ended
 
 
 def plan(engine: SimEngine, rid: str, trace_id: int, arrival: float = 0.0) -> PlanRequest:
@@ -73,12 +74,12 @@ def multi_segment_traces() -> list[int]:
 
 @pytest.mark.parametrize("policy", ["timelyllm", "vllm"])
 def test_every_request_walks_the_diagram_and_leaves_nothing_behind(policy: str) -> None:
-    server, sim, engine, ended = new_server(policy)
+    server, driver, engine, ended = new_server(policy)
     traces = multi_segment_traces()
     for i, trace_id in enumerate(traces):
         p = plan(engine, f"r{i}", trace_id, arrival=0.05 * i)
-        sim.schedule(p.arrival, lambda p=p: server.submit(p))
-    sim.run()
+        driver.arrive(p)
+    driver.run(server)
     assert sorted(r.id for r in ended) == sorted(f"r{i}" for i in range(len(traces)))
     for request in ended:
         assert all(b in TRANSITIONS[a] for a, b in zip(request.path, request.path[1:], strict=False)), request.path

@@ -1,5 +1,6 @@
 """The node's vLLM engine arguments (parameters ``vllm.<field>``) and its ``model`` as a Hugging Face id, refused
-at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured.
+at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured. What
+its policy sets (vLLM's scheduling) the node starts vLLM with as ``bench --engine vllm`` does.
 
 (That ``vllm.max_num_seqs`` sets the server's batch cap is checked where an engine really starts:
 test_ros_node.py's vLLM test.)
@@ -7,7 +8,9 @@ test_ros_node.py's vLLM test.)
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,8 @@ from guards import wait_until
 from lifecycle_msgs.srv import GetState
 from rclpy.lifecycle import TransitionCallbackReturn
 
+from timely_llm.cli import main
+from timely_llm.engines.vllm_args import EngineArgsError
 from timely_llm.ros.fleet import server_node
 
 pytestmark = pytest.mark.ros
@@ -78,3 +83,36 @@ def test_a_hub_model_offline_fails_configure_in_seconds_naming_it(session: tuple
         assert reason.startswith("model 'some-org/some-model': cannot get its config.json"), reason
         assert "local directory" in reason
         assert _state(link, session[1]) == "unconfigured"
+
+
+@pytest.fixture
+def started_with(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """What each VllmEngine would be started with (its engine arguments); the start itself is refused."""
+    started: list[dict] = []
+
+    class RecordingEngine:
+        def __init__(self, model: str | None = None, kv_cache_gib: float | None = None, **engine_args: object):
+            started.append(engine_args)
+            raise EngineArgsError("recorded, not started")
+
+    monkeypatch.setitem(sys.modules, "timely_llm.engines.vllm_engine",
+                        types.SimpleNamespace(VllmEngine=RecordingEngine))
+    return started
+
+
+@pytest.mark.parametrize("policy,scheduling", [("vllm-priority", "priority"), ("timelyllm", "fcfs")])
+def test_the_node_starts_vllm_as_bench_does_for_its_policy(session: tuple, started_with: list[dict], tmp_path: Path,
+                                                          policy: str, scheduling: str) -> None:
+    with server_node(session[1], session[0], engine="vllm", model="tiny", policy=policy, autostart=False) as node:
+        assert _configure_fails(node) == "recorded, not started"
+    assert main(["bench", "--engine", "vllm", "--model", "tiny", "--workload", "WID1", "--policy", policy,
+                 "--out", str(tmp_path / "r.json")]) == 2
+    node_args, bench_args = started_with
+    assert node_args["scheduling_policy"] == scheduling
+    assert node_args == {k: v for k, v in bench_args.items() if k != "seed"}  # bench alone seeds vLLM (--seed)
+
+
+def test_a_vllm_argument_the_policy_sets_is_refused_naming_the_parameter(session: tuple) -> None:
+    with server_node(session[1], session[0], engine="vllm", model="tiny", policy="vllm-priority", autostart=False,
+                     **{"vllm.scheduling_policy": "fcfs"}) as node:
+        assert _configure_fails(node) == "vllm.scheduling_policy is set by parameter policy"

@@ -200,6 +200,7 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
 def _bench(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.evaluation.harness import EngineSetup, run_bench
+    from timely_llm.serving import ServerConfig
 
     if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
         option = "--policy isolated" if args.policy == "isolated" else "--hw"
@@ -212,19 +213,20 @@ def _bench(args: argparse.Namespace) -> int:
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
     step_model = estimator_profile(args.estimator_profile, args.engine, model, args.hw or DEFAULT_HW)
-    if (features.timebill or features.deferred_prefill) and step_model is None:
-        raise ConfigError("--estimator-profile", None, f"features timebill and deferred_prefill need the "
-                                                       f"step-time profile of {model} "
-                                                       f"(write one: timely-llm profile --model {model} --out F)")
     skills, catalog, workload = _load_inputs(args)
     if args.overrun_strategy is not None:
         workload = workload.with_overrun(args.overrun_strategy)
     if args.engine == "vllm":
+        source = f"the step-time profile of {model} (write one: timely-llm profile --model {model} --out F)"
+        try:  # refused here if need be, before the engine starts (minutes)
+            config = ServerConfig(args.policy, workload.network_latency, features, args.max_batch,
+                                  step_profile=step_model, step_profile_source=source)
+        except ValueError as exc:
+            raise ConfigError("--estimator-profile", None, str(exc)) from None
         _quiet_vllm_logging()
-        scheduling = "priority" if args.policy == "vllm-priority" else "fcfs"
+        set_by_policy = {name: ("--policy", value) for name, value in config.vllm_args().items()}
         cap = {"max_num_seqs": ("--max-batch", args.max_batch)} if args.max_batch else {}
-        engine = _vllm_engine(model, args.vllm_arg, seed=("--seed", args.seed),
-                              scheduling_policy=("--policy", scheduling), **cap)
+        engine = _vllm_engine(model, args.vllm_arg, seed=("--seed", args.seed), **set_by_policy, **cap)
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
         setup = dataclasses.replace(EngineSetup.simulator(profile, args.suspend_in_place), profile=step_model)
@@ -1016,22 +1018,21 @@ def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gi
     """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
     ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
     ``kv_cache_gib``: the shipped one unless given."""
-    from timely_llm.engines.vllm_args import EngineArgsError, shipped_parameters, shipped_vllm_args
+    from timely_llm.engines.vllm_args import EngineArgsError, engine_args, shipped_parameters
     from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
 
     try:
         check_if_hub_id(model or "")  # before vLLM's import: an unreachable Hub fails in seconds
     except ModelNotReachable as exc:
         raise ConfigError("--model", None, str(exc)) from None
-    given = _checked_vllm_args(pairs)
-    for key, (option, _) in options.items():
-        if key in given:
-            raise ConfigError("--vllm-arg", None, f"{key} is set by {option}")
-    engine_args = shipped_vllm_args() | {key: value for key, (_, value) in options.items()} | given
+    try:
+        arguments = engine_args(_checked_vllm_args(pairs), options, source="")
+    except EngineArgsError as exc:
+        raise ConfigError("--vllm-arg", None, str(exc)) from None
     try:
         from timely_llm.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model, kv_cache_gib=kv_cache_gib or shipped_parameters()["kv_cache_gib"], **engine_args)
+        return VllmEngine(model, kv_cache_gib=kv_cache_gib or shipped_parameters()["kv_cache_gib"], **arguments)
     except (EngineArgsError, ModelNotReachable) as exc:
         raise ConfigError("--vllm-arg" if isinstance(exc, EngineArgsError) else "--model", None, str(exc)) from None
 

@@ -18,7 +18,8 @@ from timely_llm.core.request import Request, Segment
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest
+from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.traces import TraceCatalog
 
 DEFAULT_PLAN_TOKENS = 64
@@ -61,23 +62,28 @@ def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
 
     The robot is taken to execute each segment instantly, so only generation is timed.
     """
-    finished: list[Request] = []
-    executed: list[Segment] = []
+    prompt_ids = engine.tokenizer.encode(robot.prompt_text(task))
+    plan = PlanRequest(f"plan-{next(_ids)}", "cli", robot.robot, prompt_ids, TUF(1.0, -2.0, 1.0),
+                       max_new_tokens=max_new_tokens, constrained=constrained)
+    (request,) = generate_together(engine, {robot.robot: robot}, [plan], segmented=segmented, on_segment=on_segment)
+    return GeneratedPlan(robot.robot, task, request.status.value, request.reason, list(request.output_ids),
+                         [s for s in request.segments if s.text])
+
+
+def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list[PlanRequest], *, segmented: bool,
+                      on_segment: Callable[[Segment], None] | None = None) -> list[Request]:
+    """``plans`` submitted at once and generated to their end, segmented (policy ``timelyllm``) or straight
+    through (``vllm``); the robots execute each segment the moment it is cut (``on_segment`` sees it then)."""
+    clock = VirtualClock()
+    driver = Driver(clock)
 
     def dispatched(request: Request, segment: Segment) -> None:
         if on_segment is not None:
             on_segment(segment)
-        executed.append(segment)
+        driver.executed_at_once(request, segment)
 
-    server = Server(engine, {robot.robot: robot}, POLICIES["timelyllm" if segmented else "vllm"], VirtualClock(),
-                    network_latency=0.0, on_segment=dispatched, on_finish=finished.append)
-    prompt_ids = engine.tokenizer.encode(robot.prompt_text(task))
-    request = server.submit(PlanRequest(f"plan-{next(_ids)}", "cli", robot.robot, prompt_ids, TUF(1.0, -2.0, 1.0),
-                                        max_new_tokens=max_new_tokens, constrained=constrained))
-    while not finished:
-        server.step()
-        while executed:  # reported after the step, as a robot's report would arrive
-            now = server.clock.now()
-            server.segment_done(request.id, executed.pop(0).index, now, now)
-    return GeneratedPlan(robot.robot, task, request.status.value, request.reason, list(request.output_ids),
-                         [s for s in request.segments if s.text])
+    config = ServerConfig("timelyllm" if segmented else "vllm", network_latency=0.0)
+    server = build_server(config, engine, robots, clock, on_segment=dispatched)
+    requests = [server.submit(plan) for plan in plans]
+    driver.run(server)
+    return requests

@@ -80,6 +80,17 @@ def shipped_vllm_args() -> dict[str, Any]:
     return dict(shipped_parameters().get("vllm") or {})
 
 
+def engine_args(given: Mapping[str, Any], set_here: Mapping[str, tuple[str, Any]],
+                source: str = PREFIX) -> dict[str, Any]:
+    """The arguments vLLM starts with: the shipped defaults, then the fields timely_llm sets (``set_here``: field ->
+    (the option or parameter that sets it, value)), then the user's ``given`` fields. A given field that is set
+    here is an EngineArgsError naming what sets it (``source`` prefixes the field's name)."""
+    for name, (setter, _) in set_here.items():
+        if name in given:
+            raise EngineArgsError(f"{source}{name} is set by {setter}")
+    return shipped_vllm_args() | {name: value for name, (_, value) in set_here.items()} | dict(given)
+
+
 def from_parameters(values: Mapping[str, Any]) -> dict[str, Any]:
     """Engine arguments from the values of the node's ``vllm.<field>`` parameters, keyed by field.
 

@@ -8,15 +8,12 @@ stream keyed by (seed, request, segment), so every policy sees the same robots.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from timely_llm.clock import VirtualClock, WallClock
-from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment
@@ -25,7 +22,8 @@ from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.metrics import summarize
-from timely_llm.server import POLICIES, PlanRequest, Server, parts_of
+from timely_llm.server import POLICIES, PlanRequest
+from timely_llm.serving import Action, Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -34,13 +32,12 @@ BENCH_POLICIES = (*POLICIES, "isolated")
 
 @dataclass
 class SimulatedRobots:
-    """Executes segments on the server's clock and reports back through ``report``."""
+    """Execute segments on the server's clock and report back through ``schedule`` (a ``Driver``'s ``at``)."""
 
     skills: dict[str, SkillModel]
     network_latency: float
     seed: int
-    schedule: Callable[[float, Callable[[], None]], None]
-    report: Callable[..., None] = field(default=lambda *a, **k: None)
+    schedule: Callable[[float, Action], None]
     _lane_free: dict[str, float] = field(default_factory=dict)
 
     def on_segment(self, request: Request, segment: Segment) -> None:
@@ -49,33 +46,7 @@ class SimulatedRobots:
         end = start + request.robot.sample_exec_time(segment.text, rng)
         self._lane_free[request.id] = end
         self.schedule(end + self.network_latency,
-                      lambda: self.report(request.id, segment.index, start, end))
-
-
-class Simulation:
-    """Discrete-event driver: arrivals and robot reports interleaved with engine steps."""
-
-    def __init__(self, server: Server, clock: VirtualClock | WallClock) -> None:
-        self.server = server
-        self.clock = clock
-        self._events: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self.peak_queue = 0
-        """Most generations ever waiting in the server's queue at a scheduling point."""
-
-    def schedule(self, t: float, action: Callable[[], None]) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), action))
-
-    def run(self) -> None:
-        while True:
-            while self._events and self._events[0][0] <= self.clock.now():
-                heapq.heappop(self._events)[2]()
-            self.peak_queue = max(self.peak_queue, len(self.server.queue))
-            if self.server.step():
-                continue
-            if not self._events:
-                return
-            self.clock.idle_until(self._events[0][0])
+                      lambda server: server.segment_done(request.id, segment.index, start, end))
 
 
 @dataclass
@@ -100,9 +71,11 @@ class EngineSetup:
     def real(cls, name: str, engine: Engine, profile: HardwareProfile | None = None) -> EngineSetup:
         return cls(name, lambda: engine, WallClock, profile)
 
-    def estimator(self, features: Features) -> ExecutionTimeEstimator | None:
-        return estimator_for(features, self.profile, f"a step-time profile of {self.name} "
-                                                     "(fit one with timely-llm profile)")
+    def server_config(self, policy: str, network_latency: float, max_batch: int | None,
+                      features: Features) -> ServerConfig:
+        """A bench run's server on this setup, its step-time model this setup's profile."""
+        return ServerConfig(policy, network_latency, features, max_batch, step_profile=self.profile,
+                            step_profile_source=f"a step-time profile of {self.name} (fit one with timely-llm profile)")
 
 
 def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,
@@ -112,17 +85,16 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
         setup = EngineSetup.simulator(setup)
-    if policy in POLICIES:
-        features = parts_of(POLICIES[policy], features)
     if policy == "isolated":
         if setup.new_clock is not VirtualClock:
             raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
-        records = [_run(workload, [r], "vllm-stream", setup, skills, catalog, seed, None, Features())[0][0]
-                   for r in workload.requests]
+        alone = setup.server_config("vllm-stream", workload.network_latency, None, Features())
+        records = [_run(workload, [r], alone, setup, skills, catalog, seed)[0][0] for r in workload.requests]
         peak_queue, counters = 1, {}
     else:
-        records, peak_queue, counters = _run(workload, list(workload.requests), policy, setup, skills, catalog, seed,
-                                             max_batch, features)
+        config = setup.server_config(policy, workload.network_latency, max_batch, features)
+        records, peak_queue, counters = _run(workload, list(workload.requests), config, setup, skills, catalog, seed)
+        features = config.parts
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
         "policy": policy, "workload": workload.name, "hw": setup.name, "seed": seed,
@@ -132,19 +104,15 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
     }
 
 
-def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup: EngineSetup,
-         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int, max_batch: int | None,
-         features: Features) -> tuple[list[dict], int, dict[str, int]]:
-    estimator = setup.estimator(features)
+def _run(workload: Workload, requests: list[WorkloadRequest], config: ServerConfig, setup: EngineSetup,
+         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int) -> tuple[list[dict], int, dict[str, int]]:
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
-    server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, max_batch,
-                    on_finish=lambda r: records.append(Outcome.of(r).to_record()), features=features,
-                    estimator=estimator)
-    sim = Simulation(server, clock)
-    robots = SimulatedRobots(skills, workload.network_latency, seed, sim.schedule, server.segment_done)
-    server.on_segment = robots.on_segment
+    driver = Driver(clock)
+    robots = SimulatedRobots(skills, workload.network_latency, seed, driver.at)
+    server = build_server(config, engine, skills, clock, on_segment=robots.on_segment,
+                          on_finish=lambda r: records.append(Outcome.of(r).to_record()))
     tokenizer = engine.tokenizer
     for robot in sorted({catalog[r.trace].robot for r in requests}):
         server.warm_prefix(tokenizer.encode(catalog.prompt_text(robot, "")))
@@ -154,8 +122,7 @@ def _run(workload: Workload, requests: list[WorkloadRequest], policy: str, setup
     for r in requests:
         trace = catalog[r.trace]
         prompt_ids, plan_ids = encoded[r.trace]
-        plan = PlanRequest(r.id, r.agent, trace.robot, prompt_ids, r.tuf, trace.category, forced_ids=plan_ids,
-                           trace=trace.id, arrival=origin + r.arrival, overrun=r.overrun)
-        sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
-    sim.run()
-    return records, sim.peak_queue, dict(sorted(server.counters.items()))
+        driver.arrive(PlanRequest(r.id, r.agent, trace.robot, prompt_ids, r.tuf, trace.category, forced_ids=plan_ids,
+                                  trace=trace.id, arrival=origin + r.arrival, overrun=r.overrun))
+    driver.run(server)
+    return records, driver.peak_queue, dict(sorted(server.counters.items()))

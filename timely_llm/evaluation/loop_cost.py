@@ -24,10 +24,11 @@ from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.request import Request, Segment
 from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import TUF
-from timely_llm.engines.base import GenerationSpec, StepOutput
+from timely_llm.engines.base import Engine, GenerationSpec, StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine, zero_time
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
+from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 BATCHES = (1, 8, 64, 256)
@@ -110,13 +111,15 @@ class LoopCost:
 
 
 class _Fleet:
-    """Keeps ``generations`` plans in flight on ``server``: robots execute every segment at once, and a
-    finished plan is followed by the next trace's."""
+    """A server of ``config`` on ``engine`` and robots keeping plans in flight on it: they execute every
+    segment at once, and a finished plan is followed by the next trace's."""
 
-    def __init__(self, server: Server, catalog: TraceCatalog, robots: dict[str, SkillModel], grammar: bool) -> None:
-        self.server = server
+    def __init__(self, config: ServerConfig, engine: Engine, catalog: TraceCatalog, robots: dict[str, SkillModel],
+                 grammar: bool) -> None:
+        self.server = build_server(config, engine, robots, VirtualClock(), on_segment=self._dispatched,
+                                   on_finish=self._finished)
         self.grammar = grammar
-        tokenizer = server.engine.tokenizer
+        tokenizer = engine.tokenizer
         self.plans = itertools.cycle([
             (t.robot, tokenizer.encode(catalog.prompt_text(t.robot, t.prompt)), tokenizer.encode(t.plan))
             for t in catalog.traces.values() if t.robot in robots])
@@ -124,8 +127,6 @@ class _Fleet:
         self.reports: list[tuple[str, int]] = []
         self.ended = 0
         self.tokens = 0
-        server.on_segment = self._dispatched
-        server.on_finish = self._finished
 
     def submit(self) -> None:
         robot, prompt_ids, plan_ids = next(self.plans)
@@ -155,8 +156,8 @@ def measure(batch: int, grammar: bool, steps: int = DEFAULT_STEPS, generations: 
     """The loop's CPU over ``steps`` engine steps with ``generations`` (default ``batch``) plans in flight."""
     robots, catalog = load_skill_models(), load_catalog()
     engine = TimedSim(hw, grammar)
-    server = Server(engine, robots, POLICIES[policy], VirtualClock(), network_latency=0.0, max_batch=batch)
-    fleet = _Fleet(server, catalog, robots, grammar)
+    fleet = _Fleet(ServerConfig(policy, network_latency=0.0, max_batch=batch), engine, catalog, robots, grammar)
+    server = fleet.server
     for _ in range(generations or batch):
         fleet.submit()
     for _ in range(warmup):

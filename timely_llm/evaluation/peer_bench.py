@@ -36,8 +36,10 @@ from timely_llm.core.priority import request_priority
 from timely_llm.core.request import Outcome
 from timely_llm.core.segmenter import Segmenter
 from timely_llm.core.skills import SkillModel
-from timely_llm.evaluation.harness import SimulatedRobots, Simulation
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.evaluation.harness import SimulatedRobots
+from timely_llm.server import PlanRequest
+from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -274,26 +276,25 @@ class StepLog:
 
 def node_replay(engine, workload: Workload, requests: list[WorkloadRequest], policy: str,  # noqa: ANN001
                 skills: dict[str, SkillModel], catalog: TraceCatalog, config: EngineConfig,
-                estimator=None, log: dict | None = None) -> list[RunRecord]:  # noqa: ANN001
-    """``requests`` through a fresh ``Server`` on ``engine`` in real time, robots simulated; ``log``, when
+                step_profile: HardwareProfile | None = None, log: dict | None = None) -> list[RunRecord]:
+    """``requests`` through a fresh server on ``engine`` in real time, robots simulated; ``log``, when
     given, receives the step log, the starts and every request's segment times (for ``peer-bench`` JSON)."""
     clock = WallClock()
     outcomes: list[Outcome] = []
     engine = StepLog(engine, clock) if log is not None else engine
-    server = Server(engine, skills, POLICIES[policy], clock, workload.network_latency, config.max_num_seqs,
-                    default_max_new_tokens=config.max_tokens, on_finish=lambda r: outcomes.append(Outcome.of(r)),
-                    features=DEFAULT_FEATURES, estimator=estimator)
-    sim = Simulation(server, clock)
-    robots = SimulatedRobots(skills, workload.network_latency, config.seed, sim.schedule, server.segment_done)
-    server.on_segment = robots.on_segment
+    driver = Driver(clock)
+    robots = SimulatedRobots(skills, workload.network_latency, config.seed, driver.at)
+    server_config = ServerConfig(policy, workload.network_latency, DEFAULT_FEATURES, config.max_num_seqs,
+                                 config.max_tokens, step_profile=step_profile)
+    server = build_server(server_config, engine, skills, clock, on_segment=robots.on_segment,
+                          on_finish=lambda r: outcomes.append(Outcome.of(r)))
     origin = clock.now()
     for r in requests:
         trace = catalog[r.trace]
         ids = engine.tokenizer.encode(catalog.prompt_text(trace.robot, trace.prompt))
-        plan = PlanRequest(r.id, r.agent, trace.robot, ids, r.tuf, trace.category, max_new_tokens=config.max_tokens,
-                           trace=trace.id, arrival=origin + r.arrival)
-        sim.schedule(origin + r.arrival, lambda plan=plan: server.submit(plan))
-    sim.run()
+        driver.arrive(PlanRequest(r.id, r.agent, trace.robot, ids, r.tuf, trace.category,
+                                  max_new_tokens=config.max_tokens, trace=trace.id, arrival=origin + r.arrival))
+    driver.run(server)
     if log is not None:
         log.update(origin=origin, steps=engine.steps, starts=engine.starts, counters=dict(server.counters),
                    segments={o.id: [(s.gen_start, s.gen_end, s.tokens, s.cached_tokens) for s in o.segments]
@@ -500,7 +501,6 @@ class PeerBench:
             server.close()
 
     def _node_round(self, round_: int, progress) -> None:  # noqa: ANN001
-        from timely_llm.core.estimator import estimator_for
         from timely_llm.engines.hardware import estimator_profile
         from timely_llm.engines.vllm_engine import VllmEngine
 
@@ -515,7 +515,7 @@ class PeerBench:
             serve_ids = getattr(self, "_serve_ids", None)
             if serve_ids is not None:
                 self.prompt_ids_match = ids == serve_ids
-            estimator = estimator_for(DEFAULT_FEATURES, estimator_profile(None, "vllm", self.engine.model, ""), "")
+            step_profile = estimator_profile(None, "vllm", self.engine.model, "")
             floor = self._floor()
             warm = Workload("warm", 0.008, tuple(floor))
 
@@ -529,7 +529,7 @@ class PeerBench:
                 for policy in self.policies:
                     log: dict = {}
                     records = node_replay(engine, workload, list(workload.requests), policy, self.skills,
-                                          self.catalog, self.engine, estimator, log)
+                                          self.catalog, self.engine, step_profile, log)
                     runs.append(Run("node", policy, workload.name, round_, records, log))
             passes.append(alone())
             self._record(Run("node", FLOOR, "tasks", round_, quickest(passes)), progress)

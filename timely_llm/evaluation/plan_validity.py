@@ -20,15 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from timely_llm.clock import VirtualClock
 from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.request import Request
 from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
 from timely_llm.errors import read_mapping
-from timely_llm.planning import task_prompt
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.planning import generate_together, task_prompt
+from timely_llm.server import PlanRequest
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 
 TASKS_PATH = Path(__file__).with_name("plan_tasks.yaml")
@@ -51,23 +50,11 @@ def load_tasks(catalog: TraceCatalog, path: Path = TASKS_PATH) -> list[Task]:
 def generate_all(engine: Engine, robots: dict[str, SkillModel], catalog: TraceCatalog, tasks: list[Task], *,
                  segmented: bool, constrained: bool, max_new_tokens: int) -> list[Request]:
     """Every task's plan, all submitted at once; robots execute segments instantly."""
-    done: list[Request] = []
-    reports: list[tuple[str, int]] = []
-    server = Server(engine, robots, POLICIES["timelyllm" if segmented else "vllm"], VirtualClock(),
-                    network_latency=0.0, on_segment=lambda r, s: reports.append((r.id, s.index)),
-                    on_finish=done.append)
-    requests = [server.submit(PlanRequest(f"v{next(_ids)}", f"agent{i}", t.robot,
-                                          engine.tokenizer.encode(task_prompt(catalog, t.robot, t.text)),
-                                          TUF(1.0, -2.0, 1.0), max_new_tokens=max_new_tokens,
-                                          constrained=constrained))
-                for i, t in enumerate(tasks)]
-    while len(done) < len(requests):
-        server.step()
-        while reports:
-            request_id, index = reports.pop(0)
-            now = server.clock.now()
-            server.segment_done(request_id, index, now, now)
-    return requests
+    plans = [PlanRequest(f"v{next(_ids)}", f"agent{i}", t.robot,
+                         engine.tokenizer.encode(task_prompt(catalog, t.robot, t.text)), TUF(1.0, -2.0, 1.0),
+                         max_new_tokens=max_new_tokens, constrained=constrained)
+             for i, t in enumerate(tasks)]
+    return generate_together(engine, robots, plans, segmented=segmented)
 
 
 def executable(model: SkillModel, text: str) -> bool:

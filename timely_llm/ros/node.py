@@ -67,7 +67,6 @@ from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 
 from timely_llm.clock import WallClock
-from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import Features
 from timely_llm.core.priority import make_policy
 from timely_llm.core.request import Outcome, Request, Segment, Status
@@ -75,7 +74,7 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
-from timely_llm.engines.vllm_args import from_parameters, shipped_vllm_args
+from timely_llm.engines.vllm_args import engine_args, from_parameters
 from timely_llm.errors import ConfigError, RequestRejected
 from timely_llm.models.hub import check_if_hub_id
 from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
@@ -87,6 +86,7 @@ from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_server_q
 from timely_llm.ros.reports import ReportBook
 from timely_llm.ros.topic_requests import TopicRequests
 from timely_llm.server import POLICIES, PlanRequest, Server, ServingPolicy
+from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import load_catalog
 
 IDLE_WAIT_S = 0.05
@@ -362,14 +362,15 @@ class TimelyLlmNode(LifecycleNode):
                 self.declare_parameter(name, parameter.value, ParameterDescriptor(
                     description="vLLM engine argument (EngineArgs field)", dynamic_typing=True))
 
-    def _make_engine(self) -> Engine:
+    def _make_engine(self, config: ServerConfig) -> Engine:
         if self._param("engine") == "vllm":
             check_if_hub_id(self._param("model"))  # before vLLM's import: an unreachable Hub fails in seconds
             from timely_llm.engines.vllm_engine import VllmEngine
 
             given = from_parameters({n: p.value for n, p in self.get_parameters_by_prefix("vllm").items()})
+            set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
             return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
-                              **(shipped_vllm_args() | given))
+                              **engine_args(given, set_by_policy))
         if self._param("engine") != "sim":
             raise ValueError(f"parameter engine must be sim or vllm, got {self._param('engine')!r}")
         from timely_llm.engines.hardware import load_profile
@@ -384,26 +385,27 @@ class TimelyLlmNode(LifecycleNode):
         self.catalog = load_catalog()
         files = [f for f in self.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
         skills = load_skill_models(files or None)
-        features = Features.parse(self._param("features"))
-        estimator = self._estimator(features)
-        engine = self._make_engine()
-        server = Server(engine, skills, POLICIES[policy], self.clock, self._param("network_latency"),
-                        self._param("max_batch") or None, self._param("max_new_tokens"),
-                        on_segment=self._on_segment, on_finish=self._on_finish,
-                        features=features, estimator=estimator, on_infeasible=self._on_infeasible)
+        config = self._server_config(policy)
+        engine = self._make_engine(config)
+        server = build_server(config, engine, skills, self.clock, on_segment=self._on_segment,
+                              on_finish=self._on_finish, on_infeasible=self._on_infeasible)
         for robot in sorted(skills):
             server.warm_prefix(engine.tokenizer.encode(skills[robot].prompt_text("")))
         for trace in self.catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)
             engine.tokenizer.encode(trace.plan)
         return server
 
-    def _estimator(self, features: Features) -> ExecutionTimeEstimator | None:
-        """The step-time model the parts take, from the profile bench would use (``estimator_profile``)."""
+    def _server_config(self, policy: str) -> ServerConfig:
+        """The server the parameters describe; its step-time profile is the one bench would use
+        (``estimator_profile``). Refused before the engine loads if a part needs a profile there is none of."""
         from timely_llm.engines.hardware import estimator_profile
 
-        profile = estimator_profile(self._param("estimator_profile"), self._param("engine"),
-                                    self._param("model") or None, self._param("hw_profile"))
-        return estimator_for(features, profile, f"parameter estimator_profile for model {self._param('model')!r} "
+        model = self._param("model")
+        profile = estimator_profile(self._param("estimator_profile"), self._param("engine"), model or None,
+                                    self._param("hw_profile"))
+        return ServerConfig(policy, self._param("network_latency"), Features.parse(self._param("features")),
+                            self._param("max_batch") or None, self._param("max_new_tokens"), step_profile=profile,
+                            step_profile_source=f"parameter estimator_profile for model {model!r} "
                                                 "(write one with timely-llm profile)")
 
     def _goal_rules(self, server: Server) -> GoalRules:

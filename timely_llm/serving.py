@@ -1,0 +1,116 @@
+"""One way to build a server (``ServerConfig``, ``build_server``) and one loop to drive it (``Driver``:
+arrivals and robot reports when due, engine steps in between)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from timely_llm.clock import VirtualClock, WallClock
+from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
+from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.features import Features
+from timely_llm.core.request import Request, Segment
+from timely_llm.core.skills import SkillModel
+from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
+from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.server import POLICIES, PlanRequest, Server, ServingPolicy, parts_of
+
+Action = Callable[[Server], object]
+"""Something that happens to the server at a time: a request arrives, a robot reports."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How a server serves, apart from its engine, robots, clock and callbacks. Refused when built if a part
+    needs the engine's step-time profile and there is none, so before any engine starts."""
+
+    policy: str
+    """A name in ``POLICIES``."""
+    network_latency: float
+    """Seconds between the server and a robot, each way."""
+    features: Features = DEFAULT_FEATURES
+    """The scheduler parts asked for; a policy runs with ``parts``."""
+    max_batch: int | None = None
+    """The batch cap; None: ``DEFAULT_MAX_BATCH``. Either way at most what the engine runs at once."""
+    default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    step_profile: HardwareProfile | None = None
+    """The engine's step-time profile (TimeBill's estimator, ALA's prior); None where there is none."""
+    step_profile_source: str = "the engine's step-time profile (fit one with timely-llm profile)"
+    """What would give ``step_profile``, named when a part needs it and there is none."""
+
+    def __post_init__(self) -> None:
+        self.estimator()
+
+    @property
+    def serving_policy(self) -> ServingPolicy:
+        return POLICIES[self.policy]
+
+    @property
+    def parts(self) -> Features:
+        """The parts the policy runs with: none under the unsegmented ones (the vLLM baselines)."""
+        return parts_of(self.serving_policy, self.features)
+
+    def estimator(self) -> ExecutionTimeEstimator | None:
+        """The step-time model the parts take; ValueError when timebill or deferred_prefill is on without one."""
+        return estimator_for(self.parts, self.step_profile, self.step_profile_source)
+
+    def vllm_args(self) -> dict[str, str]:
+        """The vLLM engine arguments the policy decides: vLLM's own priority scheduling (each generation's
+        priority orders vLLM's waiting queue and picks its preemption victim) under a priority policy
+        (vllm-priority), FCFS under the others."""
+        return {"scheduling_policy": "priority" if self.serving_policy.priority == "priority" else "fcfs"}
+
+
+def build_server(config: ServerConfig, engine: Engine, robots: dict[str, SkillModel],
+                 clock: VirtualClock | WallClock, *,
+                 on_segment: Callable[[Request, Segment], None] | None = None,
+                 on_finish: Callable[[Request], None] | None = None,
+                 on_infeasible: Callable[[Request], None] | None = None) -> Server:
+    """The server ``config`` describes, on ``engine``, for ``robots``, told of dispatched segments, ended
+    requests and requests that can no longer be served in time through the callbacks."""
+    return Server(engine, robots, config.serving_policy, clock, config.network_latency, config.max_batch,
+                  config.default_max_new_tokens, on_segment=on_segment, on_finish=on_finish,
+                  features=config.features, estimator=config.estimator(), on_infeasible=on_infeasible)
+
+
+class Driver:
+    """Drives a server: the actions due (arrivals, robot reports) run, then the server steps; with nothing
+    to step, the clock idles until the next action; with no action left either, the run ends."""
+
+    def __init__(self, clock: VirtualClock | WallClock) -> None:
+        self.clock = clock
+        self._due: list[tuple[float, int, Action]] = []
+        self._order = itertools.count()
+        """Ties between actions due at one time go by when they were scheduled."""
+        self.peak_queue = 0
+        """Most generations ever waiting in the server's queue at a scheduling point."""
+
+    def at(self, t: float, action: Action) -> None:
+        heapq.heappush(self._due, (t, next(self._order), action))
+
+    def arrive(self, plan: PlanRequest) -> None:
+        """Submit ``plan`` at its arrival time."""
+        self.at(plan.arrival, lambda server: server.submit(plan))
+
+    def executed_at_once(self, request: Request, segment: Segment) -> None:
+        """``on_segment`` of robots that execute each segment in no time: reported after the step."""
+        self.at(self.clock.now(), lambda server: _report_now(server, request.id, segment.index))
+
+    def run(self, server: Server) -> None:
+        while True:
+            while self._due and self._due[0][0] <= self.clock.now():
+                heapq.heappop(self._due)[2](server)
+            self.peak_queue = max(self.peak_queue, len(server.queue))
+            if server.step():
+                continue
+            if not self._due:
+                return
+            self.clock.idle_until(self._due[0][0])
+
+
+def _report_now(server: Server, request_id: str, index: int) -> None:
+    now = server.clock.now()
+    server.segment_done(request_id, index, now, now)
