@@ -101,6 +101,18 @@ class PlanRequest:
     overrun: str = OVERRUN_NONE
     """What to do with a segment that overruns its deadline: none, kill or skip-next (core/overload.py)."""
 
+    def request(self, robot: SkillModel, arrival: float, default_max_new_tokens: int,
+                decode: Callable[[list[int]], str], streaming: bool) -> Request:
+        """The request the server serves for this one, arrived at ``arrival``; ``decode`` and ``streaming``:
+        its plan stream's detokenizer and whether segments go out as they are cut."""
+        return Request(
+            id=self.id, agent=self.agent, robot=robot, tuf=self.tuf, arrival=arrival,
+            prompt_ids=list(self.prompt_ids), max_new_tokens=self.max_new_tokens or default_max_new_tokens,
+            forced_ids=self.forced_ids, category=self.category, trace=self.trace,
+            grammar=plan_grammar(robot) if self.constrained and self.forced_ids is None else None,
+            stream=PlanStream(robot, decode, streaming), keep_if_infeasible=self.keep_if_infeasible, overrun=self.overrun,
+        )
+
     def check(self, robots: dict[str, SkillModel]) -> None:
         """Raises RequestRejected, with the reason, for a request no robot of ``robots`` can be served."""
         if not self.agent:
@@ -138,8 +150,6 @@ class Server:
         self.network_latency = network_latency
         self.default_max_new_tokens = default_max_new_tokens
         timebill = _segment_times(estimator, robots, engine.block_size) if features.timebill else None
-        self.times = timebill or ProfiledTimes()
-        """TimeBill's G(s) and WCET (the ``timebill`` feature), or the robots' profiled constants."""
         self.on_segment = on_segment or (lambda request, segment: None)
         self.on_finish = on_finish or (lambda request: None)
         self.on_infeasible = on_infeasible or (lambda request: None)
@@ -149,20 +159,15 @@ class Server:
         self.counters: Counter[str] = Counter()
         """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
         running: dict[str, Request] = {}
-        batch = BatchController(policy.adaptive_batch, _batch_cap(max_batch, engine), network_latency,
-                                throughput=_throughput_model(estimator) if features.ala else None,
-                                wcet_model=timebill.wcet if timebill else None, counters=self.counters)
         self.overload = OverloadControl(features.shed, running, timebill, network_latency, self.counters,
                                         finish=self._finish, notify=lambda request: self.on_infeasible(request))
-        self.memory = (AminAdmission if features.amin else KvAdmission)(engine.blocks_for)
-        self.scheduler = Scheduler(
-            engine, GenerationQueue(make_policy(policy.priority, network_latency),
-                                    timebill.queue_terms if timebill else None),
-            batch, self.overload, running, self.times, self.memory,
-            _deferred_prefill(estimator, robots, batch.max_batch) if features.deferred_prefill else NoDeferral(),
-            network_latency, self.counters)
+        self.scheduler = _scheduler(engine, robots, policy, features, estimator, max_batch, network_latency,
+                                    timebill, self.overload, running, self.counters)
+        self.times = self.scheduler.times
+        """TimeBill's G(s) and WCET (the ``timebill`` feature), or the robots' profiled constants."""
+        self.memory = self.scheduler.memory
         self.queue = self.scheduler.queue
-        self.batch = batch
+        self.batch = self.scheduler.batch
         self.running = running
         self.parked = self.scheduler.parked
 
@@ -174,16 +179,8 @@ class Server:
             if not plan.id or plan.id in self.requests:
                 raise RequestRejected(f"request id {plan.id!r} is empty or already used")
             plan.check(self.robots)
-            robot = self.robots[plan.robot]
-            request = Request(
-                id=plan.id, agent=plan.agent, robot=robot, tuf=plan.tuf,
-                arrival=arrival,
-                prompt_ids=list(plan.prompt_ids), max_new_tokens=plan.max_new_tokens or self.default_max_new_tokens,
-                forced_ids=plan.forced_ids, category=plan.category, trace=plan.trace,
-                grammar=plan_grammar(robot) if plan.constrained and plan.forced_ids is None else None,
-                stream=PlanStream(robot, self.engine.tokenizer.decode, self.policy.streaming),
-                keep_if_infeasible=plan.keep_if_infeasible, overrun=plan.overrun,
-            )
+            request = plan.request(self.robots[plan.robot], arrival, self.default_max_new_tokens,
+                                   self.engine.tokenizer.decode, self.policy.streaming)
             self.requests[request.id] = request
             self.scheduler.add(request)
             self.overload.submitted(request, self.clock.now())
@@ -400,6 +397,21 @@ class Server:
     def _finish_if_done(self, request: Request) -> None:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
             self._finish(request, Status.SUCCEEDED, "")
+
+
+def _scheduler(engine: Engine, robots: dict[str, SkillModel], policy: ServingPolicy, features: Features,
+               estimator: ExecutionTimeEstimator | None, max_batch: int | None, network_latency: float,
+               timebill: SegmentTimes | None, overload: OverloadControl, running: dict[str, Request],
+               counters: Counter[str]) -> Scheduler:
+    """The scheduler of a server, with the parts ``features`` switches on and stand-ins for the rest."""
+    batch = BatchController(policy.adaptive_batch, _batch_cap(max_batch, engine), network_latency,
+                            throughput=_throughput_model(estimator) if features.ala else None,
+                            wcet_model=timebill.wcet if timebill else None, counters=counters)
+    queue = GenerationQueue(make_policy(policy.priority, network_latency), timebill.queue_terms if timebill else None)
+    deferral = _deferred_prefill(estimator, robots, batch.max_batch) if features.deferred_prefill else NoDeferral()
+    memory = (AminAdmission if features.amin else KvAdmission)(engine.blocks_for)
+    return Scheduler(engine, queue, batch, overload, running, timebill or ProfiledTimes(), memory, deferral,
+                     network_latency, counters)
 
 
 def _segment_times(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],
