@@ -110,7 +110,8 @@ class PlanRequest:
             prompt_ids=list(self.prompt_ids), max_new_tokens=self.max_new_tokens or default_max_new_tokens,
             forced_ids=self.forced_ids, category=self.category, trace=self.trace,
             grammar=plan_grammar(robot) if self.constrained and self.forced_ids is None else None,
-            stream=PlanStream(robot, decode, streaming), keep_if_infeasible=self.keep_if_infeasible, overrun=self.overrun,
+            stream=PlanStream(robot, decode, streaming),
+            keep_if_infeasible=self.keep_if_infeasible, overrun=self.overrun,
         )
 
     def check(self, robots: dict[str, SkillModel]) -> None:
