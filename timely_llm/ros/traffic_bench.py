@@ -221,32 +221,38 @@ def robot_main(agent: str, goals: int, time_scale: float) -> int:
                                            "topic": TopicRobotClient(topic_link, agent, robot, runner)}
         ready = action_link.wait_for_server(READY_S) and topic_link.wait_for_server(READY_S)
         print("ready" if ready else "no node", flush=True)
-        counts: dict = {}
-        interface = "action"
-        for line in sys.stdin if ready else ():
-            command = line.split()
-            if command[:1] == ["go"] and command[1:] and command[1] in clients:
-                interface = command[1]
-                for tally in heard[interface]:
-                    tally.messages = tally.bytes = 0
-                outcomes = [_run_task(clients[interface], traces[i % len(traces)]) for i in range(goals)]
-                counts = {"tasks": len(outcomes), "succeeded": sum(o.status == "succeeded" for o in outcomes),
-                          "own_segments": sum(len(o.segments) for o in outcomes),
-                          "first_segment_s": [o.first_segment_at - o.sent for o in outcomes if o.first_segment_at]}
-                print("done", flush=True)
-            elif command == ["count"]:
-                segment_tally, other_tally = heard[interface]
-                print(json.dumps(counts | {"segment_messages": segment_tally.messages,
-                                           "segment_bytes": segment_tally.bytes,
-                                           "other_messages": other_tally.messages, "other_bytes": other_tally.bytes}),
-                      flush=True)
-            else:
-                break
+        if ready:
+            _answer_parent(clients, heard, [traces[i % len(traces)] for i in range(goals)])
         for client in clients.values():
             client.close()
         executor.remove_node(node)
         node.destroy_node()
     return 0 if ready else 1
+
+
+def _answer_parent(clients: dict[str, RobotClient], heard: dict[str, tuple[Heard, Heard]], tasks: list[Trace]) -> None:
+    """The parent's commands on stdin: ``go INTERFACE`` runs ``tasks`` through that interface's client,
+    ``count`` prints what was heard meanwhile; anything else ends."""
+    counts: dict = {}
+    interface = "action"
+    for line in sys.stdin:
+        command = line.split()
+        if command[:1] == ["go"] and command[1:] and command[1] in clients:
+            interface = command[1]
+            for tally in heard[interface]:
+                tally.messages = tally.bytes = 0
+            outcomes = [_run_task(clients[interface], trace) for trace in tasks]
+            counts = {"tasks": len(outcomes), "succeeded": sum(o.status == "succeeded" for o in outcomes),
+                      "own_segments": sum(len(o.segments) for o in outcomes),
+                      "first_segment_s": [o.first_segment_at - o.sent for o in outcomes if o.first_segment_at]}
+            print("done", flush=True)
+        elif command == ["count"]:
+            segment_tally, other_tally = heard[interface]
+            print(json.dumps(counts | {"segment_messages": segment_tally.messages, "segment_bytes": segment_tally.bytes,
+                                       "other_messages": other_tally.messages, "other_bytes": other_tally.bytes}),
+                  flush=True)
+        else:
+            return
 
 
 def _run_task(client: RobotClient, trace: Trace) -> TaskOutcome:
