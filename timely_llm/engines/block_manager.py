@@ -40,10 +40,6 @@ class BlockManager:
     def free_blocks(self) -> int:
         return len(self._free)
 
-    @property
-    def used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
-
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
