@@ -133,3 +133,26 @@ def test_a_suspended_generation_resumes_where_it_was_and_its_memory_counts_as_fr
     rest, _ = collect(engine, "paused")
     engine.release("paused")
     assert output + rest == expected
+
+
+def test_kv_after_foretells_the_free_memory_of_suspends_and_resumes(engine: Engine) -> None:
+    """What the scheduler counts on while it decides: ``kv_after`` says what ``free_kv_blocks`` will say."""
+    outputs: dict[str, list[int]] = {gen_id: [] for gen_id in ("fore-a", "fore-b", "fore-c")}
+    for gen_id in outputs:
+        engine.start(spec(engine, gen_id, plan_tokens=12))
+    for _ in range(100):
+        for gen_id, tokens in engine.step().new_tokens.items():
+            outputs[gen_id] += tokens
+        if min(map(len, outputs.values())) >= 4:
+            break
+    assert min(map(len, outputs.values())) < 12  # all three still running
+    assert engine.kv_after([], []).free_blocks == engine.free_kv_blocks()
+    both = engine.kv_after(["fore-a", "fore-b"], [])
+    engine.suspend("fore-a")
+    engine.suspend("fore-b")
+    assert engine.free_kv_blocks() == both.free_blocks
+    resumed = engine.kv_after([], ["fore-a"])
+    engine.start(replace(spec(engine, "fore-a", plan_tokens=12), output_ids=outputs["fore-a"]))
+    assert engine.free_kv_blocks() == resumed.free_blocks
+    for gen_id in ("fore-a", "fore-b", "fore-c"):
+        engine.release(gen_id)
