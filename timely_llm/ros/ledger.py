@@ -1,10 +1,5 @@
-"""What the node knows of the requests it serves, shared by the executor and the server loop under one lock.
-
-:class:`Ledger` owns the node's only data lock. It protects the robots' reports (:class:`ReportBook`: what each
-request has dispatched and the robot has yet to report), the action goals whose result is still to be handed to
-rclpy, and the running totals the status topic reports. Every method takes the lock for a moment and waits for
-nothing while holding it.
-"""
+"""The requests in flight as both the executor and the server loop see them, under one lock (thread model:
+``timely_llm.ros.node``). Every method holds the lock for a moment and waits for nothing while holding it."""
 
 from __future__ import annotations
 

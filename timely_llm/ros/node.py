@@ -27,7 +27,8 @@ Thread model. No thread waits on a goal, and only the server loop calls the Serv
 Inbox and outbox are deques with one consumer each, so they need no lock. Locks: ``_transition_lock`` (an RLock)
 lets one transition run at a time, from whichever thread asks; the Ledger's lock (``ledger``) guards what the
 executor, the loop and the finalize thread share: the robots' reports, the goal handles still to conclude, the
-status totals; the Server's own lock is held by the loop while it decides, and briefly by the status readers.
+status totals; TopicRequests' lock guards which topic request is whose, read by the reports' callback group too;
+the Server's own lock is held by the loop while it decides, and briefly by the status readers.
 """
 
 from __future__ import annotations
