@@ -264,7 +264,7 @@ def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link
         seen = len(statuses)
         wait_until(lambda: any(s.policy == "fcfs" for s in statuses[seen:]), TIMEOUT_S, "status with policy fcfs")
         assert set_one("tuf.normal.ert", 0.75).successful
-        assert node._rules.default_tufs["normal"].ert == 0.75  # noqa: SLF001 - the next goal's default TUF
+        assert node.goal_rules.default_tufs["normal"].ert == 0.75  # the next goal's default TUF
         assert node.server.policy.name == "fcfs" and node.get_parameter("engine").value == "sim"  # noqa: SLF001
 
 
@@ -323,7 +323,7 @@ def test_two_namespaced_nodes_serve_their_own_fleets_at_once(session: tuple) -> 
                 robot.close()
         assert (a.get_fully_qualified_name(), b.get_fully_qualified_name()) == ("/fleet_a/timely_llm_server",
                                                                                  "/fleet_b/timely_llm_server")
-        assert a._finished == b._finished == 2  # noqa: SLF001 - each served its own fleet's two goals
+        assert a.finished == b.finished == 2  # each served its own fleet's two goals
 
 
 # ----- /diagnostics and ROS time -----

@@ -43,7 +43,7 @@ def _configure_fails(node: object, bound_s: float | None = None) -> str:
     assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
     assert bound_s is None or time.monotonic() - began < bound_s
     assert node.server is None
-    reason = node._configure_error
+    reason = node.configure_error
     assert "\n" not in reason and "Traceback" not in reason
     return reason
 

@@ -1,0 +1,63 @@
+"""The lifecycle services moved so that a transition never blocks the executor."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+
+import rclpy.task
+from rclpy.callback_groups import CallbackGroup, MutuallyExclusiveCallbackGroup
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from rclpy.lifecycle import LifecycleNode
+
+
+def regroup_lifecycle_services(node: LifecycleNode, transitions: CallbackGroup,
+                               transition_lock: threading.RLock) -> None:
+    """ChangeState in the transitions' callback group, the lifecycle queries in one of their own.
+
+    rclpy puts every lifecycle service in the node's default callback group, with the parameter
+    services: a configure loading the engine for minutes would hold get_state and the parameters
+    unanswered. ChangeState is also guarded: rclpy raises an invalid transition's RCLError out of
+    the service callback, which would stop the executor.
+    """
+    queries = MutuallyExclusiveCallbackGroup()
+    change_state_service = node._service_change_state  # noqa: SLF001 - rclpy offers no public way
+    for service in change_state_service, node._service_get_state, node._service_get_available_states, \
+            node._service_get_available_transitions, node._service_get_transition_graph:  # noqa: SLF001
+        group = transitions if service is change_state_service else queries
+        service.callback_group.entities.discard(weakref.ref(service))
+        service.callback_group = group
+        group.add_entity(service)
+    change_state = change_state_service.callback
+
+    def guarded_change_state(request: object, response: object) -> object:
+        with transition_lock:
+            try:
+                return change_state(request, response)
+            except _rclpy.RCLError as exc:
+                transition = request.transition.label or request.transition.id
+                node.get_logger().warning(f"refused lifecycle transition {transition!r}: {exc}")
+                response.success = False
+                return response
+
+    async def change_state_off_the_executor(request: object, response: object) -> object:
+        # A coroutine callback: the executor polls it between other callbacks, so even a single-threaded
+        # executor keeps answering get_state and the parameters while a configure loads the engine.
+        return await _in_thread("timely_llm_transition", guarded_change_state, request, response)
+
+    change_state_service.callback = change_state_off_the_executor
+
+
+def _in_thread(name: str, function: Callable[..., object], *args: object) -> rclpy.task.Future:
+    """``function(*args)`` run in a thread of its own; the future an executor's coroutine callback can await."""
+    done = rclpy.task.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(function(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits it
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done

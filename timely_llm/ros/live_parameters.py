@@ -1,0 +1,70 @@
+"""Parameters set at run time: refused with the reason when they cannot apply now, else applied at once (live ones;
+configure-time ones wait for the next configure). Which is which: ``timely_llm.ros.parameters``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.parameter import Parameter
+
+from timely_llm.ros.engine_loader import default_tufs
+from timely_llm.ros.goal_desk import GoalDesk
+from timely_llm.ros.ledger import Ledger
+from timely_llm.ros.parameters import refuse_while_configured
+from timely_llm.ros.server_loop import ServerLoop, set_max_new_tokens, use_policy
+from timely_llm.ros.status import StatusReporter
+from timely_llm.server import POLICIES, ServingPolicy
+
+
+class LiveParameters:
+    """The node's set-parameters callbacks: the check (any thread rclpy calls it on) and the post-set apply."""
+
+    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, reporter: StatusReporter,
+                 guarded: object) -> None:
+        self._node, self._loop, self._ledger, self._desk, self._reporter = node, loop, ledger, desk, reporter
+        node.add_on_set_parameters_callback(self._check)
+        node.add_post_set_parameters_callback(guarded(self._apply))
+
+    def _check(self, params: list[Parameter]) -> SetParametersResult:
+        """Refuse what cannot apply now, with the reason (see timely_llm/ros/parameters.py)."""
+        result = refuse_while_configured(params, self._node.lifecycle_state)
+        if not result.successful:
+            return result
+        for p in params:
+            if p.name == "policy":
+                reason = self._policy_refusal(str(p.value))
+                if reason:
+                    return SetParametersResult(successful=False, reason=f"policy: {reason}")
+        return result
+
+    def _policy_refusal(self, name: str) -> str:
+        if name not in POLICIES:
+            return f"must be one of {', '.join(POLICIES)}, got {name!r}"
+        server = self._node.server
+        if server is not None and _serving_mode(POLICIES[name]) != _serving_mode(server.policy):
+            return (f"{name} serves in another mode than {server.policy.name} (segmented, streaming, adaptive "
+                    "batch): set it while the node is unconfigured")
+        return ""
+
+    def _apply(self, params: list[Parameter]) -> None:
+        """Apply live parameters (configure-time ones wait for the next configure)."""
+        names, param = {p.name for p in params}, self._node.param
+        if self._node.server is not None and (names & {"max_task_chars", "max_prompt_tokens"}
+                                              or any(n.startswith("tuf.") for n in names)):
+            self._desk.rules = dataclasses.replace(
+                self._desk.rules, default_tufs=default_tufs(param), max_prompt_tokens=param("max_prompt_tokens"),
+                max_task_chars=param("max_task_chars"))
+        self._ledger.set_timeouts(param("segment_timeout_factor"), param("segment_timeout_margin"))
+        if "status_period" in names:
+            self._reporter.set_period(param("status_period"))
+        if "max_new_tokens" in names:
+            self._loop.send(functools.partial(set_max_new_tokens, param("max_new_tokens")))
+        if "policy" in names:
+            self._loop.send(functools.partial(use_policy, POLICIES[param("policy")]))
+        self._node.get_logger().info(f"parameters set: {', '.join(sorted(names))}")
+
+
+def _serving_mode(policy: ServingPolicy) -> tuple[bool, bool, bool]:
+    return policy.segmented, policy.streaming, policy.adaptive_batch

@@ -1,0 +1,85 @@
+"""The node's ``status`` topic (ServerStatus, every ``status_period``) and ``/diagnostics`` (every second)."""
+
+from __future__ import annotations
+
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+
+from timely_llm.core.request import Status
+from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
+from timely_llm.ros.goal_desk import GoalDesk
+from timely_llm.ros.interfaces import ServerStatus
+from timely_llm.ros.ledger import Ledger
+from timely_llm.ros.qos import SERVER_STATUS_QOS
+from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.server import Server
+
+DIAGNOSTICS_PERIOD_S = 1.0
+
+
+class StatusReporter:
+    """Publishes what the node serves with and how loaded it is; reads the Server under its lock, briefly."""
+
+    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: object) -> None:
+        self._node, self._loop, self._ledger, self._desk = node, loop, ledger, desk
+        self._engine_name = ""
+        self._kv_blocks = -1
+        self._status_pub = node.create_lifecycle_publisher(ServerStatus, "status", SERVER_STATUS_QOS)
+        reporting = MutuallyExclusiveCallbackGroup()
+        self._status_timer = node.create_timer(node.param("status_period"), guarded(self._publish_status),
+                                               callback_group=reporting)
+        self._diagnostics_pub = node.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        node.create_timer(DIAGNOSTICS_PERIOD_S, guarded(self._publish_diagnostics), callback_group=reporting)
+
+    def configured(self, server: Server, engine_name: str) -> None:
+        self._engine_name = engine_name
+        self._kv_blocks = server.engine.free_kv_blocks()
+
+    def set_period(self, seconds: float) -> None:
+        self._status_timer.timer_period_ns = round(seconds * 1e9)
+        self._status_timer.reset()
+
+    def _publish_status(self) -> None:
+        server = self._node.server
+        if server is None or not self._desk.serving:
+            return
+        with server.lock:  # read only, and brief: the loop holds it for a scheduling decision at most
+            queued, running = len(server.queue), len(server.running)
+            suspended = sum(r.status in (Status.PARKED, Status.SUSPENDED) for r in server.requests.values())
+        totals, finished, executing = self._ledger.totals()
+        msg = ServerStatus(queue_length=queued, running=running, suspended=suspended, executing=executing,
+                           finished=finished, policy=server.policy.name, engine=self._engine_name)
+        msg.stamp = self._node.get_clock().now().to_msg()
+        for category, count, mean in totals:
+            msg.categories.append(category)
+            msg.count.append(count)
+            msg.mean_utility.append(mean)
+        self._status_pub.publish(msg)
+
+    def _publish_diagnostics(self) -> None:
+        self._diagnostics_pub.publish(diagnostic_array(self.snapshot(), self._node.get_clock().now().to_msg()))
+
+    def snapshot(self) -> Snapshot:
+        node = self._node
+        state, error = node.lifecycle_state, node.configure_error
+        snap = Snapshot(node=node.get_fully_qualified_name(), lifecycle=state,
+                        phase=node.phase if state != "unconfigured" or error else "unconfigured",
+                        failed=bool(error) and state == "unconfigured", engine=node.param("engine"),
+                        model=node.param("model"), device=self._device(), policy=node.param("policy"))
+        server = node.server
+        if server is None:
+            return snap
+        with server.lock:
+            snap.queue, snap.running = len(server.queue), len(server.running)
+            snap.policy, snap.batch_cap = server.policy.name, server.batch.max_batch or 0
+            snap.kv_free_blocks, snap.kv_blocks = server.engine.free_kv_blocks(), self._kv_blocks
+        snap.executing = self._ledger.executing()
+        snap.last_step_s = self._loop.last_step_s
+        snap.loop_alive = self._loop.alive()
+        return snap
+
+    def _device(self) -> str:
+        if self._node.param("engine") == "sim":
+            return f"simulated ({self._node.param('hw_profile')})"
+        engine = self._node.server.engine if self._node.server is not None else None
+        return str(getattr(engine, "device", "") or "")
