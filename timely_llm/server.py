@@ -37,7 +37,7 @@ from timely_llm.core.overload import (
 from timely_llm.core.plan_stream import PlanStream
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
-from timely_llm.core.request import Request, Segment, Status
+from timely_llm.core.request import OverloadState, Request, Segment, Status
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.core.tuf import TUF
@@ -111,7 +111,7 @@ class PlanRequest:
             forced_ids=self.forced_ids, category=self.category, trace=self.trace,
             grammar=plan_grammar(robot) if self.constrained and self.forced_ids is None else None,
             stream=PlanStream(robot, decode, streaming),
-            keep_if_infeasible=self.keep_if_infeasible, overrun=self.overrun,
+            overload=OverloadState(keep_if_infeasible=self.keep_if_infeasible, overrun=self.overrun),
         )
 
     def check(self, robots: dict[str, SkillModel]) -> None:
@@ -367,7 +367,7 @@ class Server:
             self.scheduler.park(request)
 
     def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> None:
-        if request.skip_current and text.strip():
+        if request.overload.skip_current and text.strip():
             self._skip(request, now, final)
             return
         segment = request.cut_segment(text, now, self.network_latency, final)
@@ -376,7 +376,7 @@ class Server:
         # generation goes on unless it is parked (then the scheduling point predicts again)
         request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
         self.on_segment(request, segment)
-        if request.overrun != OVERRUN_NONE and not final:
+        if request.overload.overrun != OVERRUN_NONE and not final:
             self.overload.watch_segment(request)
 
     def _skip(self, request: Request, now: float, final: bool) -> None:
@@ -392,7 +392,7 @@ class Server:
         request.prev_end_est = exec_end
         if request.status.queued:  # its priority depends on this
             self.queue.update(request)
-        if request.overrun != OVERRUN_NONE and not request.finished_generating:
+        if request.overload.overrun != OVERRUN_NONE and not request.finished_generating:
             self.overload.watch_segment(request)  # its next segment's deadline moved
 
     def _finish_if_done(self, request: Request) -> None:

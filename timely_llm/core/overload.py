@@ -93,10 +93,11 @@ class OverloadControl:
     def submitted(self, request: Request, now: float) -> None:
         """A new request: told now if it is already infeasible, else noted for when it will be."""
         if self.shed:
-            request.fastest_first_segment = self._fastest_first_segment(request)
-            self._infeasible.push(infeasible_at(request.arrival, request.tuf.cutoff, request.fastest_first_segment,
-                                                self.network_latency), request)
-        if request.overrun != OVERRUN_NONE:
+            request.overload.fastest_first_segment = self._fastest_first_segment(request)
+            fastest = request.overload.fastest_first_segment
+            self._infeasible.push(infeasible_at(request.arrival, request.tuf.cutoff, fastest, self.network_latency),
+                                  request)
+        if request.overload.overrun != OVERRUN_NONE:
             self.watch_segment(request)
         self.check(now)
 
@@ -122,25 +123,25 @@ class OverloadControl:
     def tell(self, request: Request, now: float, left: float | None) -> None:
         """Its deadline cannot be met: shed it, or notify a robot that keeps waiting; ``left``: the predicted
         rest of a first segment being generated (None: the fastest first segment, for one not started)."""
-        request.infeasible_at = now
-        left = request.fastest_first_segment if left is None else left
-        request.best_response = now + left + self.network_latency - request.arrival
-        if request.keep_if_infeasible:
+        request.overload.infeasible_at = now
+        left = request.overload.fastest_first_segment if left is None else left
+        request.overload.best_response = now + left + self.network_latency - request.arrival
+        if request.overload.keep_if_infeasible:
             self.counters["infeasible_kept"] += 1
             self.notify(request)
             return
-        request.shed = True
+        request.overload.shed = True
         self.counters["shed"] += 1
         self.finish(request, Status.ABORTED, INFEASIBLE_REASON)
 
     def overran(self, request: Request, index: int, now: float) -> None:
         """Segment ``index`` overran its deadline: kill the plan, or skip that segment when it comes out."""
-        if request.overrun == OVERRUN_KILL:
+        if request.overload.overrun == OVERRUN_KILL:
             self.counters["overruns_killed"] += 1
-            request.killed_at = now
+            request.overload.killed_at = now
             self.finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
         else:
-            request.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
+            request.overload.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
 
     def breaks_a_cutoff(self, newcomer: Request, now: float) -> bool:
         """Would one more generation in the batch make a running first segment, more urgent than ``newcomer``
@@ -201,9 +202,9 @@ class OverloadControl:
 
 def segments_done(request: Request) -> int:
     """Segments of the plan sent or skipped so far."""
-    return len(request.segments) + request.skipped_segments
+    return len(request.segments) + request.overload.skipped_segments
 
 
 def in_first_segment(request: Request) -> bool:
     """Generating its first segment, and not yet told that it is infeasible."""
-    return not request.segments and not request.skipped_segments and request.infeasible_at is None
+    return not request.segments and not request.overload.skipped_segments and request.overload.infeasible_at is None

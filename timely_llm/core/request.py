@@ -122,6 +122,30 @@ class Segment:
 
 
 @dataclass
+class OverloadState:
+    """What overload control (core/overload.py) knows and decided of one request."""
+
+    keep_if_infeasible: bool = False
+    """Overload control: keep waiting (told, not ended) when the deadline can no longer be met."""
+    overrun: str = "none"
+    """TimeBill's overrun strategy for a late segment: none, kill or skip-next (core/overload.py)."""
+    infeasible_at: float | None = None
+    """When the server found it could no longer get utility >= 0 (and told the robot)."""
+    fastest_first_segment: float = 0.0
+    """Overload control: the shortest generation of its first segment the server predicted at submit."""
+    best_response: float | None = None
+    """At ``infeasible_at``: the earliest response time it could still have had."""
+    shed: bool = False
+    """Ended by overload control at ``infeasible_at`` (aborted, reason INFEASIBLE_REASON)."""
+    skip_current: bool = False
+    """Skip-next: the segment being generated overran and will not be sent."""
+    skipped_segments: int = 0
+    """Segments generated but dropped by skip-next."""
+    killed_at: float | None = None
+    """Kill: when its plan was ended because a segment overran its deadline."""
+
+
+@dataclass
 class Request:
     id: str
     agent: str
@@ -151,24 +175,8 @@ class Request:
     last_start_cache: tuple[int, bool] | None = None
     stream: PlanStream | None = None
     """Turns the generated tokens into the segments to dispatch."""
-    keep_if_infeasible: bool = False
-    """Overload control: keep waiting (told, not ended) when the deadline can no longer be met."""
-    overrun: str = "none"
-    """TimeBill's overrun strategy for a late segment: none, kill or skip-next (core/overload.py)."""
-    infeasible_at: float | None = None
-    """When the server found it could no longer get utility >= 0 (and told the robot)."""
-    fastest_first_segment: float = 0.0
-    """Overload control: the shortest generation of its first segment the server predicted at submit."""
-    best_response: float | None = None
-    """At ``infeasible_at``: the earliest response time it could still have had."""
-    shed: bool = False
-    """Ended by overload control at ``infeasible_at`` (aborted, reason INFEASIBLE_REASON)."""
-    skip_current: bool = False
-    """Skip-next: the segment being generated overran and will not be sent."""
-    skipped_segments: int = 0
-    """Segments generated but dropped by skip-next."""
-    killed_at: float | None = None
-    """Kill: when its plan was ended because a segment overran its deadline."""
+    overload: OverloadState = field(default_factory=OverloadState)
+    """What overload control knows and decided of it."""
     path: list[Status] = field(default_factory=lambda: [Status.WAITING], init=False)
     """Every status the request has had, in order; the last is its status now."""
 
@@ -203,8 +211,8 @@ class Request:
     def skip_segment(self, now: float) -> None:
         """Skip-next: the segment generated since the last cut is dropped; the next one's deadline counts
         from ``now``."""
-        self.skip_current = False
-        self.skipped_segments += 1
+        self.overload.skip_current = False
+        self.overload.skipped_segments += 1
         self.prev_end_est = max(self.prev_end_est, now)
         self._next_segment(now)
 
@@ -290,8 +298,9 @@ class Outcome:
         outcome = cls(request.id, request.agent, request.trace, request.category, request.robot.robot,
                       request.status, request.reason, request.arrival, request.tuf,
                       "".join(s.text for s in segments), len(request.output_ids), tuple(segments),
-                      shed=request.shed, infeasible_at=request.infeasible_at, best_response=request.best_response,
-                      skipped_segments=request.skipped_segments, killed_at=request.killed_at)
+                      shed=request.overload.shed, infeasible_at=request.overload.infeasible_at,
+                      best_response=request.overload.best_response,
+                      skipped_segments=request.overload.skipped_segments, killed_at=request.overload.killed_at)
         if request.status is not Status.SUCCEEDED or not segments:
             return outcome
         response = segments[0].exec_start - request.arrival

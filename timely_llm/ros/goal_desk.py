@@ -132,7 +132,8 @@ class GoalDesk:
             reason = f"internal error sending segment {segment.index}: {exc!r}"
             self._loop.send(lambda server: server.abort(request.id, reason))
             return
-        self._post(request.id, RequestPlan.Feedback(segment=message, infeasible=request.infeasible_at is not None))
+        told = request.overload.infeasible_at is not None
+        self._post(request.id, RequestPlan.Feedback(segment=message, infeasible=told))
 
     def on_infeasible(self, request: Request) -> None:
         """The notice to a goal that keeps waiting though its deadline cannot be met: a feedback without a segment."""
