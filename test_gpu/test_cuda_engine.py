@@ -44,8 +44,8 @@ def test_the_engine_runs_on_the_gpu_in_the_dtype_asked(engine: VllmEngine) -> No
 
 
 def test_a_generated_plan_is_grammatical_and_segmented_equals_straight(engine: VllmEngine) -> None:
-    straight = generate_plan(engine, TELLO, CATALOG, TASK, segmented=False, max_new_tokens=MAX_TOKENS)
-    segmented = generate_plan(engine, TELLO, CATALOG, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
+    straight = generate_plan(engine, TELLO, TASK, segmented=False, max_new_tokens=MAX_TOKENS)
+    segmented = generate_plan(engine, TELLO, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
     assert segmented.status == "succeeded", segmented.reason
     assert plan_grammar(TELLO).accepts(segmented.text), segmented.text
     assert segmented.output_ids == straight.output_ids
@@ -66,13 +66,13 @@ def test_resumes_hit_the_prefix_cache(engine: VllmEngine) -> None:
 def test_kv_offloading_serves_the_same_plan() -> None:
     plain = VllmEngine("smollm2", kv_cache_gib=1.0, max_model_len=2048, dtype="bfloat16", **SHARE)
     try:
-        expected = generate_plan(plain, TELLO, CATALOG, TASK, max_new_tokens=MAX_TOKENS).output_ids
+        expected = generate_plan(plain, TELLO, TASK, max_new_tokens=MAX_TOKENS).output_ids
     finally:
         plain.close()
     offloading = VllmEngine("smollm2", kv_cache_gib=1.0, kv_offloading_gib=2.0, max_model_len=2048,
                             dtype="bfloat16", **SHARE)
     try:
-        plan = generate_plan(offloading, TELLO, CATALOG, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
+        plan = generate_plan(offloading, TELLO, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
     finally:
         offloading.close()
     assert plan.status == "succeeded" and plan.output_ids == expected
@@ -85,8 +85,8 @@ def test_tensor_parallel_over_two_gpus_segments_and_resumes_from_the_cache() -> 
                      distributed_executor_backend="mp", **SHARE)
     try:
         assert type(eng._engine.engine_core.engine_core.model_executor).__name__ == "MultiprocExecutor"
-        straight = generate_plan(eng, TELLO, CATALOG, TASK, segmented=False, max_new_tokens=MAX_TOKENS)
-        segmented = generate_plan(eng, TELLO, CATALOG, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
+        straight = generate_plan(eng, TELLO, TASK, segmented=False, max_new_tokens=MAX_TOKENS)
+        segmented = generate_plan(eng, TELLO, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
         assert segmented.output_ids == straight.output_ids and segmented.status == "succeeded"
         assert eng.free_kv_blocks() > 0
     finally:
