@@ -20,13 +20,13 @@ refuses any move not drawn here::
         WAITING, RUNNING, PARKED, SUSPENDED or GENERATED
             ──cancel / abort (robot failed or silent) / engine error or rejection──► CANCELED | ABORTED
 
-Where each status lives in the server (``Server`` keeps status and place together):
+Where each status lives in the server (``Scheduler`` keeps status and place together):
 
 =========  ===================  ===============================================
 status     server               engine
 =========  ===================  ===============================================
 WAITING    queue                nothing
-RUNNING    ``Server.running``   in the batch
+RUNNING    ``running``          in the batch
 PARKED     queue, ``parked``    still in the batch until the next scheduling point
 SUSPENDED  queue                suspended: its context cached for the resume
 GENERATED  ``Server.requests``  nothing (released)
