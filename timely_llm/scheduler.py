@@ -137,8 +137,7 @@ class Scheduler:
     def _defers(self, request: Request, now: float) -> bool:
         """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
         could make it miss its deadline."""
-        if not self.deferral.defers(len(self.running) + len(self.parked),
-                                                             len(self.queue) - len(self.parked)):
+        if not self.deferral.defers(len(self.running) + len(self.parked), len(self.queue) - len(self.parked)):
             return False
         batch = max(len(self.running), 1)
         return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)

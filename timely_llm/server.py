@@ -227,8 +227,9 @@ class Server:
     def step(self) -> bool:
         """One scheduling point and engine iteration; False when there was nothing to run."""
         with self.lock:
-            self.overload.check(self.clock.now())
-            self._apply(self.scheduler.schedule(self.clock.now()))
+            now = self.clock.now()
+            self.overload.check(now)
+            self._apply(self.scheduler.schedule(now))
             if not self.running:
                 return False
             began, batch, kv_tokens = self.clock.now(), len(self.running), self.times.kv_tokens(self.running.values())

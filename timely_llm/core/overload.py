@@ -93,8 +93,7 @@ class OverloadControl:
     def submitted(self, request: Request, now: float) -> None:
         """A new request: told now if it is already infeasible, else noted for when it will be."""
         if self.shed:
-            request.overload.fastest_first_segment = self._fastest_first_segment(request)
-            fastest = request.overload.fastest_first_segment
+            fastest = request.overload.fastest_first_segment = self._fastest_first_segment(request)
             self._infeasible.push(infeasible_at(request.arrival, request.tuf.cutoff, fastest, self.network_latency),
                                   request)
         if request.overload.overrun != OVERRUN_NONE:
