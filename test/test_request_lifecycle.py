@@ -133,3 +133,17 @@ def test_the_docstring_diagram_names_every_status_and_its_place() -> None:
     assert all(s.name in diagram for s in Status if not s.ended or s is Status.SUCCEEDED)
     assert "CANCELED | ABORTED" in diagram
     assert all(s.name in places for s in Status if not s.ended)
+
+
+def test_a_start_the_engine_refuses_ends_that_request_and_the_next_one_runs() -> None:
+    server, driver, engine, ended = new_server("timelyllm")
+    refused = PlanRequest("refused", "a1", "tello", engine.tokenizer.encode("fly up"), NORMAL_TUF, arrival=0.0,
+                          constrained=False)  # no recorded plan: the simulator refuses to start it
+    driver.arrive(refused)
+    driver.arrive(plan(engine, "served", multi_segment_traces()[0]))
+    driver.run(server)
+    outcome = {r.id: r for r in ended}
+    assert outcome["refused"].status is Status.ABORTED
+    assert outcome["refused"].reason.startswith("engine rejected the request")
+    assert outcome["served"].status is Status.SUCCEEDED
+    assert not server.requests and not server.running and not engine.running_ids()
