@@ -10,7 +10,7 @@ setup(
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     package_data={PACKAGE: ["hw/*.yaml", "workloads/*.yaml", "evaluation/*.yaml", "models/*", "models/tiny/*"]},
     python_requires=">=3.10",
-    install_requires=["numpy", "pyyaml", "matplotlib"],
+    install_requires=["numpy", "pyyaml", "matplotlib", "httpx", "tokenizers"],  # httpx, tokenizers: engine remote
     extras_require={
         "test": ["pytest"],
         # vLLM for the embedded engine, one build or the other (scripts/install_vllm.sh picks for the machine):

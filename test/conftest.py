@@ -9,6 +9,7 @@ _ROS_DOMAINS = random.SystemRandom()
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs the embedded vLLM engine (slow start)")
     config.addinivalue_line("markers", "ros: needs ROS 2 (rclpy and the built interfaces)")
+    config.addinivalue_line("markers", "remote: needs vllm serve (the vllm_serve fixture starts one, slow)")
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +74,23 @@ def robots(link: object) -> Iterator[Callable]:
     yield make
     for robot in made:
         robot.close()
+
+
+# ----- vllm serve for the remote engine: one server shared by every test of the session -----
+
+@pytest.fixture(scope="session")
+def vllm_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A ``vllm serve`` (remote_servers.start_serve) for the whole session; its key is in API_KEY_ENV.
+    ``TIMELY_LLM_TEST_SERVE_URL`` names one already serving instead (started by start_serve's settings)."""
+    import os
+    import types
+
+    from remote_servers import API_KEY, API_KEY_ENV, start_serve
+
+    os.environ[API_KEY_ENV] = API_KEY
+    if os.environ.get("TIMELY_LLM_TEST_SERVE_URL"):
+        yield types.SimpleNamespace(url=os.environ["TIMELY_LLM_TEST_SERVE_URL"])
+        return
+    server = start_serve(tmp_path_factory.mktemp("vllm-serve"), "shared")
+    yield server
+    server.close()

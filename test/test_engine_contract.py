@@ -1,4 +1,5 @@
-"""The Engine contract (engines/base.py), checked the same way on the simulator and on embedded vLLM."""
+"""The Engine contract (engines/base.py), checked the same way on the simulator, on embedded vLLM and on the
+remote engine over a real ``vllm serve``."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import pytest
 
 from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec
 from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.remote import RemoteEngine
 from timely_llm.engines.sim import SimEngine
 
 VLLM_MAX_NUM_SEQS = 8
 
 
-@pytest.fixture(scope="module", params=["sim", "sim-in-place", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.fixture(scope="module", params=["sim", "sim-in-place", pytest.param("vllm", marks=pytest.mark.vllm),
+                                        pytest.param("remote", marks=pytest.mark.remote)])
 def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     if request.param.startswith("sim"):
         yield SimEngine(load_profile("rtx4090-llama3-8b"), suspends_in_place=request.param == "sim-in-place")
+        return
+    if request.param == "remote":
+        from remote_servers import settings
+
+        eng = RemoteEngine(settings(request.getfixturevalue("vllm_serve").url))
+        yield eng
+        eng.close()
         return
     from timely_llm.engines.vllm_engine import VllmEngine
 
@@ -27,9 +37,12 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 
 def spec(engine: Engine, gen_id: str, plan_tokens: int = 8) -> GenerationSpec:
-    """A forced plan of ``plan_tokens`` tokens (both engines replay it exactly)."""
+    """A forced plan of ``plan_tokens`` tokens (the simulator and vLLM replay it exactly); on the remote engine,
+    which cannot force, the model's own greedy continuation of that plan, ``plan_tokens`` long."""
     prompt = engine.tokenizer.encode(f"plan for {gen_id}:")
     plan = engine.tokenizer.encode("mf(100);tc(90);" * 4)[-plan_tokens:]
+    if isinstance(engine, RemoteEngine):
+        return GenerationSpec(gen_id, prompt + plan, max_new_tokens=plan_tokens)
     return GenerationSpec(gen_id, prompt, max_new_tokens=plan_tokens + 1, forced_ids=plan)
 
 
@@ -100,7 +113,7 @@ def test_released_ids_can_start_again(engine: Engine) -> None:
 
 
 def test_batch_cap_is_declared(engine: Engine) -> None:
-    expected = None if isinstance(engine, SimEngine) else VLLM_MAX_NUM_SEQS
+    expected = None if isinstance(engine, SimEngine) else VLLM_MAX_NUM_SEQS  # remote: the servers' cap (8)
     assert engine.max_batch == expected
 
 

@@ -112,10 +112,11 @@ def robot_times(seed: int, request_id: str, robot: SkillModel, arrival: float, g
 
 
 class ServeProcess:
-    """``vllm serve`` started from this venv on loopback, stopped (its process group) on exit."""
+    """``vllm serve`` started from this venv on loopback, stopped (its process group) on exit; with ``api_key``
+    its OpenAI endpoints want that bearer token (given in its environment, not on its command line)."""
 
     def __init__(self, engine: EngineConfig, port: int, priority: bool, reserved_cpus: int | None,
-                 log: Path, start_timeout: float) -> None:
+                 log: Path, start_timeout: float, api_key: str | None = None) -> None:
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine.model_dir,
                 "--served-model-name", engine.model, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(engine.max_model_len),
@@ -131,6 +132,8 @@ class ServeProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1")
         if reserved_cpus is not None:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved_cpus)
+        if api_key is not None:
+            env["VLLM_API_KEY"] = api_key
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         self._log_file = log.open("w")
@@ -151,6 +154,12 @@ class ServeProcess:
             time.sleep(2)
         self.close()
         raise RuntimeError(f"vllm serve not ready within {timeout:.0f} s (log: {self.log})")
+
+    def kill(self) -> None:
+        """Kill the server at once (its process group), as a crash would."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
 
     def close(self) -> None:
         if self._proc.poll() is None:

@@ -48,8 +48,8 @@ class EngineLoader:
         loading: concurrent.futures.Future = concurrent.futures.Future()
         threading.Thread(target=self._build, args=(loading,), name="timely_llm_engine_load", daemon=True).start()
         began, log = time.monotonic(), self._node.get_logger()
-        what = f"engine {self._param('engine')}" + (f" model {self._param('model')}"
-                                                     if self._param("engine") != "sim" else "")
+        what = f"engine {self._param('engine')}" + {"sim": "", "remote": f" at {self._param('remote.url')}"}.get(
+            self._param("engine"), f" model {self._param('model')}")
         set_phase(f"configuring: loading {what}")
         log.info(f"configuring: loading {what} ...")
         next_log = began + LOAD_PROGRESS_S
@@ -131,7 +131,7 @@ class EngineLoader:
         (``estimator_profile``). Refused before the engine loads if a part needs a profile there is none of."""
         from timely_llm.engines.hardware import estimator_profile
 
-        model = self._param("model")
+        model = self._param("remote.model") if self._param("engine") == "remote" else self._param("model")
         profile = estimator_profile(self._param("estimator_profile"), self._param("engine"), model or None,
                                     self._param("hw_profile"))
         return ServerConfig(policy, self._param("network_latency"), Features.parse(self._param("features")),
@@ -149,8 +149,14 @@ class EngineLoader:
             set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
             return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
                               **engine_args(given, set_by_policy))
+        if self._param("engine") == "remote":
+            from timely_llm.engines.remote import RemoteEngine
+            from timely_llm.engines.remote_settings import PREFIX, RemoteSettings
+
+            given = self._node.get_parameters_by_prefix(PREFIX.rstrip("."))
+            return RemoteEngine(RemoteSettings.parse({n: p.value for n, p in given.items()}))
         if self._param("engine") != "sim":
-            raise ValueError(f"parameter engine must be sim or vllm, got {self._param('engine')!r}")
+            raise ValueError(f"parameter engine must be sim, vllm or remote, got {self._param('engine')!r}")
         from timely_llm.engines.hardware import load_profile
         from timely_llm.engines.sim import SimEngine
 

@@ -56,6 +56,7 @@ from timely_llm.core.features import Features
 from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
+from timely_llm.engines.remote_settings import parameters as remote_parameters
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.errors import ConfigError
 from timely_llm.ros.engine_loader import EngineLoader
@@ -89,7 +90,8 @@ START_TIMEOUT_S = 1800.0
 
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
-    "engine": ("sim", "sim (calibrated simulator, needs trace_id goals) or vllm (the shipped params file's)"),
+    "engine": ("sim", "sim (calibrated simulator, needs trace_id goals), vllm (embedded; the shipped params file's) "
+                      "or remote (OpenAI-compatible servers at remote.url)"),
     "model": ("smollm2", "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model), a directory "
                          "or a Hugging Face model id"),
     "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB; 0 = vLLM sizes it (vllm.gpu_memory_utilization)"),
@@ -109,6 +111,7 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "segment_timeout_margin": (5.0, "... plus this many seconds"),
     "status_period": (1.0, "seconds between ServerStatus messages"),
     "result_timeout": (10.0, "seconds an ended goal's result stays available to result requests (ROS: 900)"),
+    **remote_parameters(),
     **{f"tuf.{c}.{k}": (v, f"default TUF {k} for {c} goals that give none")
        for c, tuf in DEFAULT_TUFS.items() for k, v in tuf.to_dict().items()},
 }

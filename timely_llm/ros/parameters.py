@@ -5,8 +5,9 @@ Three kinds, by name:
 - read-only (descriptor ``read_only``): fixed once the node exists (``autostart``, ``result_timeout``); rclpy
   itself refuses a change, with the reason "Trying to set a read-only parameter".
 - configure-time: read when the node is configured (the engine and everything built with it: ``engine``,
-  ``model``, every ``vllm.*`` parameter, the scheduler's policy parts...). They can be set while the node is
-  unconfigured and apply at the next configure; set while it is configured they are refused, with the reason.
+  ``model``, every ``vllm.*`` and ``remote.*`` parameter, the scheduler's policy parts...). They can be set while
+  the node is unconfigured and apply at the next configure; set while it is configured they are refused, with the
+  reason.
 - live: applied at once by the running node (``live`` below), e.g. the default TUFs and the watchdog's timeouts.
 """
 
@@ -21,8 +22,8 @@ READ_ONLY = frozenset({"autostart", "result_timeout"})
 LIVE = frozenset({"policy", "max_task_chars", "max_prompt_tokens", "max_new_tokens", "segment_timeout_factor",
                   "segment_timeout_margin", "status_period"})
 LIVE_PREFIXES = ("tuf.",)
-CONFIGURE_TIME_PREFIXES = ("vllm.",)
-"""Every engine parameter helpers add under ``vllm.``: the engine is built at configure."""
+CONFIGURE_TIME_PREFIXES = ("vllm.", "remote.")
+"""Every engine parameter under ``vllm.`` and ``remote.``: the engine is built at configure."""
 
 _FLOAT_RANGES = {
     "kv_cache_gib": (0.01, 4096.0),
@@ -31,12 +32,14 @@ _FLOAT_RANGES = {
     "segment_timeout_margin": (0.0, 3600.0),
     "status_period": (0.05, 60.0),
     "result_timeout": (0.0, 86400.0),
+    "remote.timeout": (0.1, 3600.0),
 }
 _INT_RANGES = {
     "max_batch": (0, 4096),
     "max_task_chars": (1, 1_000_000),
     "max_prompt_tokens": (1, 1 << 20),
     "max_new_tokens": (1, 1 << 16),
+    "remote.max_num_seqs": (1, 1 << 16),
 }
 _TUF_RANGES = {"ert": (0.0, 3600.0), "alpha": (-1e6, 0.0), "beta": (1e-9, 1e6)}
 """As a goal's TUF is checked (goals.py); beta must be > 0, which a closed range says as its smallest step."""

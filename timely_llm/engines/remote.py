@@ -1,0 +1,372 @@
+"""An engine over OpenAI-compatible servers (``vllm serve``): each running generation is one streaming completion.
+
+start = a streaming ``/v1/completions`` of the prompt ids plus the ids generated so far, greedy, with the plan
+grammar continued from them and the token budget left (and the request's priority where it is not 0: the server
+must schedule by priority then); suspend = the stream is closed (the server aborts the request; its prefix cache
+keeps the KV until evicted) and a resume re-submits the ids, so ``suspends_in_place`` is False; step = the tokens
+that arrived since the last step, waiting up to ``STEP_WAIT_S`` for one, its duration measured. The streams run
+on an asyncio loop in a thread of the engine's own; the caller's thread never waits on the network longer
+than that (the tokenizer aside, when it is the server's: docs/remote-engine.md).
+
+Several servers: a new generation goes to the answering server with the fewest open streams (then the most free
+KV); its resumes go back to the same server, which holds its KV. A server that fails (connection refused or
+lost, HTTP 5xx) fails its open streams (``StepOutput.failed``, with the cause), refuses the resumes of its
+suspended generations, and is probed (``/health``, with backoff) until it answers again.
+
+KV memory: a server's capacity is what its ``vllm:cache_config_info`` metric says (else its batch cap of full
+contexts); a running generation holds its context there, a suspended one nothing (its KV is the server's prefix
+cache, which a newcomer may evict, as vLLM's own cached-but-idle blocks count as free).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import httpx
+
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput
+from timely_llm.engines.remote_servers import (
+    PROBE_TIMEOUT_S,
+    Chunk,
+    RemoteServer,
+    ServedModel,
+    ServerGarbage,
+    parse_line,
+    probe,
+    request_body,
+)
+from timely_llm.engines.remote_settings import RemoteSettings
+from timely_llm.engines.remote_tokenizer import LocalTokenizer, ServerTokenizer
+
+STEP_WAIT_S = 0.02
+"""A step with streams open waits at most this long for a token (the server loop holds its lock meanwhile)."""
+PROBE_TICK_S = 0.25
+CONNECT_TIMEOUT_S = 5.0
+DEFAULT_BLOCK_SIZE = 16
+"""KV block size where a server does not say its own (vLLM's GPU default)."""
+
+
+@dataclass
+class _Generation:
+    spec: GenerationSpec
+    server: RemoteServer
+    output_ids: list[int] = field(default_factory=list)
+    stream: int = 0
+    """Which stream of this generation is current: events of an older one are dropped."""
+    live: concurrent.futures.Future | None = None
+    """The open stream's task, None while suspended or ended."""
+    context_tokens: int = 0
+    awaiting_first: bool = False
+    warm_only: bool = False
+    """A prefill-only start (forced_ids == []): its one token is no output."""
+
+
+class RemoteEngine(Engine):
+    suspends_in_place = False
+
+    def __init__(self, settings: RemoteSettings) -> None:
+        headers = _auth(settings.api_key_env)
+        timeout = httpx.Timeout(settings.timeout, connect=CONNECT_TIMEOUT_S)
+        self._settings = settings
+        self._client = httpx.Client(headers=headers, timeout=timeout)
+        self._servers = [RemoteServer(u) for u in dict.fromkeys(settings.url)]
+        served = self._describe()
+        self.model = served.model
+        self._max_model_len = served.max_model_len
+        self.block_size: int = served.block_size or DEFAULT_BLOCK_SIZE
+        self.max_batch: int = settings.max_num_seqs * len(self._servers)
+        self.device = f"remote: {', '.join(s.url for s in self._servers)}"
+        first = next(s for s in self._servers if s.served is not None)
+        self.tokenizer = (LocalTokenizer(settings.tokenizer) if settings.tokenizer
+                          else ServerTokenizer(self._client, first.url, self.model))
+        self._gens: dict[str, _Generation] = {}
+        self._events: queue.Queue = queue.Queue()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="timely_llm_remote", daemon=True)
+        self._thread.start()
+        self._async_client: httpx.AsyncClient = self._call(_async_client(headers, timeout))
+        self._prober = asyncio.run_coroutine_threadsafe(self._probe_forever(), self._loop)
+
+    # ----- the Engine contract -----
+
+    def start(self, spec: GenerationSpec) -> None:
+        gen = self._gens.get(spec.gen_id)
+        if gen is not None and gen.live is not None:
+            raise EngineRejected(f"{spec.gen_id} is already running")
+        context = spec.prompt_ids + spec.output_ids
+        max_tokens = self._check_startable(spec, context)
+        server = gen.server if gen is not None else self._place(spec.gen_id)
+        if server.down is not None:
+            raise EngineRejected(f"{spec.gen_id}: its server {server.url} (which holds its KV) is down: {server.down}")
+        grammar = None if spec.forced_ids is not None else _grammar(spec, self.tokenizer)
+        body = request_body(self.model, server.served.api if server.served else "structured_outputs", context,
+                            max_tokens, grammar, spec.priority)
+        gen = _Generation(spec, server, list(spec.output_ids), stream=gen.stream + 1 if gen else 1,
+                          context_tokens=len(context), awaiting_first=True, warm_only=spec.forced_ids == [])
+        self._gens[spec.gen_id] = gen
+        gen.live = asyncio.run_coroutine_threadsafe(self._stream(spec.gen_id, gen.stream, server, body), self._loop)
+        server.open += 1
+
+    def suspend(self, gen_id: str) -> None:
+        gen = self._gens[gen_id]
+        if gen.live is None:
+            raise KeyError(f"{gen_id} is not running")
+        self._close(gen)
+
+    def release(self, gen_id: str) -> None:
+        gen = self._gens.pop(gen_id)
+        if gen.live is not None:
+            self._close(gen)
+
+    def step(self) -> StepOutput:
+        began = time.perf_counter()
+        events = []
+        if any(g.live is not None for g in self._gens.values()):
+            try:
+                events.append(self._events.get(timeout=STEP_WAIT_S))
+            except queue.Empty:
+                pass
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        result = StepOutput(duration=0.0)
+        for event in events:
+            self._apply(*event, result)
+        result.duration = time.perf_counter() - began
+        return result
+
+    def free_kv_blocks(self) -> int:
+        return sum(self._free_on(s) for s in self._servers if s.down is None)
+
+    def kv_after(self, suspended: Collection[str], resumed: Collection[str]) -> KvView:
+        free = self.free_kv_blocks()
+        for gen_id in set(suspended) - set(resumed):
+            gen = self._gens[gen_id]
+            free += self.blocks_for(gen.context_tokens) if gen.server.down is None else 0
+        for gen_id in set(resumed) - set(suspended):
+            gen = self._gens[gen_id]
+            free -= self.blocks_for(len(gen.spec.prompt_ids) + len(gen.output_ids))
+        return KvView(free, self.blocks_to_start)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def server_of(self, gen_id: str) -> str:
+        """The URL of the server ``gen_id`` runs on (and its KV is on)."""
+        return self._gens[gen_id].server.url
+
+    def close(self) -> None:
+        for gen_id in list(self._gens):
+            self.release(gen_id)
+        self._prober.cancel()
+        if self._loop.is_running():
+            self._call(self._shutdown())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+        self._client.close()
+
+    # ----- internals -----
+
+    def _describe(self) -> ServedModel:
+        """Ask every server what it serves; the engine takes the first answer, the others must serve the same
+        model. A server that does not answer starts taken out; none answering raises RuntimeError."""
+        first: ServedModel | None = None
+        causes = []
+        for server in self._servers:
+            try:
+                served = server.describe(self._client, first.model if first else self._settings.model,
+                                         self._settings.api)
+            except (httpx.HTTPError, ServerGarbage) as exc:
+                causes.append(f"{server.url}: {_cause(exc)}")
+                server.failed(_cause(exc), time.monotonic())
+                continue
+            first = first or served
+        if first is None:
+            raise RuntimeError(f"no remote server answers ({'; '.join(causes)})")
+        return first
+
+    def _check_startable(self, spec: GenerationSpec, context: list[int]) -> int:
+        """Validate a (re)start; return the token budget left for it."""
+        if not spec.prompt_ids:
+            raise EngineRejected(f"{spec.gen_id}: empty prompt")
+        if spec.forced_ids:
+            raise EngineRejected(f"{spec.gen_id}: the remote engine cannot force-decode a recorded plan "
+                                 "(trace replay needs engine sim or vllm)")
+        if spec.forced_ids == []:
+            return 1  # a prefill of the prompt alone (warm_prefix)
+        room = None if self._max_model_len is None else self._max_model_len - len(context)
+        if room is not None and room <= 0:
+            raise EngineRejected(f"{spec.gen_id}: context of {len(context)} tokens does not fit the server's "
+                                 f"max_model_len={self._max_model_len}")
+        budget = spec.max_new_tokens - len(spec.output_ids)
+        if budget <= 0:
+            raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
+        return budget if room is None else min(budget, room)
+
+    def _place(self, gen_id: str) -> RemoteServer:
+        """The answering server with the fewest open streams, then the most free KV."""
+        answering = [s for s in self._servers if s.down is None and s.served is not None]
+        if not answering:
+            causes = "; ".join(f"{s.url}: {s.down}" for s in self._servers)
+            raise EngineRejected(f"{gen_id}: no remote server answers ({causes})")
+        return min(answering, key=lambda s: (s.open, -self._free_on(s)))
+
+    def _free_on(self, server: RemoteServer) -> int:
+        served = server.served
+        if served is None:
+            return 0
+        if served.kv_blocks and served.block_size:
+            capacity = served.kv_blocks * served.block_size // self.block_size
+        else:
+            capacity = self._settings.max_num_seqs * self.blocks_for(self._max_model_len or 4096)
+        held = sum(self.blocks_for(g.context_tokens) for g in self._gens.values()
+                   if g.server is server and g.live is not None)
+        return capacity - held
+
+    def _close(self, gen: _Generation) -> None:
+        """The stream ends (cancelled if still open); its late events are dropped."""
+        gen.live.cancel()
+        gen.live = None
+        gen.stream += 1
+        gen.server.open -= 1
+
+    def _apply(self, gen_id: str, stream: int, chunk: Chunk | None, cause: str | None, result: StepOutput) -> None:
+        gen = self._gens.get(gen_id)
+        if gen is None or gen.live is None or gen.stream != stream:
+            return  # suspended or released meanwhile: what arrived after is not the generation's
+        if cause is not None:
+            self._close(gen)
+            result.failed[gen_id] = cause
+            return
+        if gen.awaiting_first:
+            gen.awaiting_first = False
+            result.started[gen_id] = ResumeInfo(gen.context_tokens, 0)  # the server does not say what it cached
+        if chunk.finish_reason == "stop" and chunk.stop_reason is None and chunk.token_ids and \
+                isinstance(self.tokenizer, ServerTokenizer):
+            self.tokenizer.saw_eos(chunk.token_ids[-1])  # vLLM ends at EOS with the EOS as last token
+        if chunk.token_ids and not gen.warm_only:
+            gen.output_ids += chunk.token_ids
+            gen.context_tokens += len(chunk.token_ids)
+            result.new_tokens.setdefault(gen_id, []).extend(chunk.token_ids)
+        if chunk.finish_reason is None:
+            return
+        self._close(gen)
+        if chunk.finish_reason in ("stop", "length"):
+            result.finished[gen_id] = "eos" if chunk.finish_reason == "stop" or gen.warm_only else "length"
+        else:
+            result.failed[gen_id] = f"{gen.server.url} ended the completion: {chunk.finish_reason}"
+
+    async def _stream(self, gen_id: str, stream: int, server: RemoteServer, body: dict) -> None:
+        """One completion's events into the queue: a Chunk each, or one cause it failed of."""
+        api = server.served.api if server.served else "structured_outputs"
+        try:
+            async with self._async_client.stream("POST", f"{server.url}/v1/completions", json=body) as answer:
+                if answer.status_code != 200:
+                    text = (await answer.aread()).decode(errors="replace")
+                    if answer.status_code >= 500:
+                        server.failed(f"HTTP {answer.status_code}", time.monotonic())
+                    self._fail(gen_id, stream, f"{server.url} refused the completion: HTTP {answer.status_code} "
+                                               f"{_message(text)}")
+                    return
+                async for line in answer.aiter_lines():
+                    chunk = parse_line(line, api)
+                    if chunk is None:
+                        continue
+                    self._events.put((gen_id, stream, chunk, None))
+                    if chunk.finish_reason is not None:
+                        return
+            self._fail(gen_id, stream, f"{server.url} closed the stream before the completion ended")
+        except httpx.TimeoutException:
+            self._fail(gen_id, stream, f"{server.url} sent nothing for {self._settings.timeout:g} s")
+        except httpx.TransportError as exc:  # refused, reset, closed mid-stream: the server is gone
+            server.failed(_cause(exc), time.monotonic())
+            self._fail(gen_id, stream, f"{server.url} failed: {_cause(exc)}")
+        except ServerGarbage as exc:
+            self._fail(gen_id, stream, f"{server.url} answered garbage: {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the generation must learn it failed
+            self._fail(gen_id, stream, f"{server.url}: {_cause(exc)}")
+
+    def _fail(self, gen_id: str, stream: int, cause: str) -> None:
+        self._events.put((gen_id, stream, None, cause))
+
+    async def _probe_forever(self) -> None:
+        """Servers taken out are probed when due; one that answers is taken back."""
+        while True:
+            now = time.monotonic()
+            due = [s for s in self._servers if s.down is not None and s.next_probe <= now]
+            for server in due:
+                await probe(self._async_client, server)
+                if server.down is None and server.served is None:
+                    await asyncio.to_thread(self._describe_again, server)
+            await asyncio.sleep(PROBE_TICK_S)
+
+    async def _shutdown(self) -> None:
+        """Every stream and the prober ended, then the connections closed."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._async_client.aclose()
+
+    def _describe_again(self, server: RemoteServer) -> None:
+        """A server that did not answer at start does now: learn what it serves (the engine's model)."""
+        try:
+            server.describe(self._client, self.model, self._settings.api)
+        except (httpx.HTTPError, ServerGarbage) as exc:
+            server.failed(_cause(exc), time.monotonic())
+
+    def _call(self, coroutine):  # noqa: ANN001, ANN202 - a coroutine and its result
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(CONNECT_TIMEOUT_S + PROBE_TIMEOUT_S)
+
+
+async def _async_client(headers: dict[str, str], timeout: httpx.Timeout) -> httpx.AsyncClient:
+    """Made on the engine's loop, which its connections belong to; no connection limit (a stream each)."""
+    return httpx.AsyncClient(headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=None,
+                                                                                    max_keepalive_connections=64))
+
+
+def _auth(api_key_env: str) -> dict[str, str]:
+    """The bearer header from the named environment variable; the key itself is never logged nor a parameter."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ValueError(f"remote.api_key_env: environment variable {api_key_env} is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _grammar(spec: GenerationSpec, tokenizer: object) -> str | None:
+    """EBNF for the rest of the plan, continued from what ``spec`` generated so far."""
+    if spec.grammar is None:
+        return None
+    grammar = spec.grammar.continuation(tokenizer.decode(spec.output_ids))
+    if grammar is None:
+        raise EngineRejected(f"{spec.gen_id}: generated text left the {spec.grammar.model.robot} plan grammar")
+    return grammar
+
+
+def _cause(exc: Exception) -> str:
+    if isinstance(exc, ServerGarbage):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _message(text: str) -> str:
+    """The error message of a server's JSON error answer, else the start of its text."""
+    try:
+        data = json.loads(text)
+        message = data.get("error", {}).get("message") or data.get("message") or data.get("detail")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or text)[:300]
