@@ -1,0 +1,42 @@
+"""The node on the remote engine (``engine: remote``): free-text goals of a drone and an arm served by a real
+``vllm serve`` to SUCCEEDED, segment by segment, each plan in its robot's grammar."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from remote_servers import API_KEY_ENV, MAX_NUM_SEQS
+
+from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.skills import load_skill_models
+from timely_llm.ros.fleet import server_node
+
+pytestmark = [pytest.mark.ros, pytest.mark.remote]
+
+RESULT_TIMEOUT_S = 300.0
+"""Grammars compile and prompts prefill on a loaded 2-core CPU server."""
+MODELS = load_skill_models()
+TASKS = {
+    "tello": "Scene: [chair_1], Task: [A] Turn around, then fly up 50 cm and take a picture.",
+    "arm": "Scene: [cup, sink], Task: Put the cup in the sink.",
+}
+
+
+def test_node_on_a_remote_server_serves_free_text_goals_segment_by_segment(session: tuple, robots: Callable,
+                                                                            vllm_serve: object) -> None:
+    params = {"remote.url": f"{vllm_serve.url}/v1", "remote.api_key_env": API_KEY_ENV,
+              "remote.max_num_seqs": MAX_NUM_SEQS}
+    with server_node(session[1], session[0], engine="remote", **params) as node:
+        assert node.server.engine.max_batch == node.server.batch.max_batch == MAX_NUM_SEQS
+        sent = {robot: robots(f"{robot}-free", robot).request(task) for robot, task in TASKS.items()}
+        outcomes = {robot: outcome.wait(RESULT_TIMEOUT_S) for robot, outcome in sent.items()}
+
+    for robot, outcome in outcomes.items():
+        assert outcome.status == "succeeded", (robot, outcome.result.reason)
+        assert outcome.result.num_segments >= 2, outcome.result.plan
+        assert [s.index for s in outcome.segments] == list(range(outcome.result.num_segments))
+        assert outcome.result_after_segments
+        plan = "".join(s.text for s in outcome.segments)
+        assert plan == outcome.result.plan
+        assert plan_grammar(MODELS[robot]).accepts(plan), plan
