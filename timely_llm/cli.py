@@ -134,8 +134,10 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.description = ("Replay a workload through the server loop under one policy and write one record per "
                      "request plus per-category means. On the simulator (the default) the run is on a virtual "
                      "clock and deterministic for a seed; on vLLM it takes real time.")
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
-                   help="sim: calibrated simulator on a virtual clock (default); vllm: embedded vLLM, wall clock")
+    p.add_argument("--engine", choices=("sim", "vllm", "remote"), default="sim",
+                   help="sim: calibrated simulator on a virtual clock (default); vllm: embedded vLLM, wall clock; "
+                        "remote: refused, bench force-decodes recorded plans (measure it with peer-bench "
+                        "--node-engines remote)")
     p.add_argument("--hw", default=None,
                    help=f"sim: hardware profile name or YAML file (default {DEFAULT_HW}; see timely-llm --help)")
     p.add_argument("--model", default=None, type=_model_dir,
@@ -202,6 +204,9 @@ def _bench(args: argparse.Namespace) -> int:
     from timely_llm.evaluation.harness import EngineSetup, run_bench
     from timely_llm.serving import ServerConfig
 
+    if args.engine == "remote":
+        raise ConfigError("--engine remote", None, "bench force-decodes the recorded LRTrace plans, which an "
+                          "OpenAI-compatible server cannot; measure one with peer-bench --node-engines remote")
     if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
         option = "--policy isolated" if args.policy == "isolated" else "--hw"
         raise ConfigError(option, None, "needs the simulator engine (--engine sim)")
@@ -426,7 +431,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _add_peer_bench(p: argparse.ArgumentParser) -> None:
-    from timely_llm.evaluation.peer_bench import SERVE_CONFIGS
+    from timely_llm.evaluation.peer_bench import NODE_ENGINES, SERVE_CONFIGS
     from timely_llm.workloads.peer import PEER_WORKLOADS
 
     p.description = ("Start vllm serve from this venv (same model, dtype, KV size, batch cap, prefix caching as the "
@@ -441,6 +446,9 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
         n for n in POLICY_HELP if n != "isolated"], help="the node's policies (default: timelyllm vllm-stream)")
     p.add_argument("--serve-configs", nargs="*", default=["serve"], choices=SERVE_CONFIGS,
                    help="vllm serve runs: serve (FCFS, its default), serve-priority (default: serve)")
+    p.add_argument("--node-engines", nargs="+", default=["vllm"], choices=NODE_ENGINES,
+                   help="the node's engines: vllm (embedded, a fresh engine each round), remote (the remote engine "
+                        "driving the first --serve-configs server, after its streaming robots) (default: vllm)")
     p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
     p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
     p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
@@ -474,6 +482,8 @@ def _peer_bench(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ConfigError("--out", None, "is required unless --from is given")
+    if "remote" in args.node_engines and not args.serve_configs:
+        raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
     from timely_llm.core.skills import load_skill_models
     from timely_llm.models import resolve_model
     from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
@@ -489,7 +499,8 @@ def _peer_bench(args: argparse.Namespace) -> int:
         workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
     bench = PeerBench(engine, workloads,
                       load_skill_models(None), catalog, tuple(args.serve_configs), tuple(args.policies),
-                      args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent)
+                      args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent,
+                      node_engines=tuple(args.node_engines))
 
     def progress(line: str) -> None:
         print(line, flush=True)

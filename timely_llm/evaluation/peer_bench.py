@@ -1,4 +1,5 @@
-"""Side by side on the real engine: ``vllm serve`` with streaming robots, then the node's server loop.
+"""Side by side on the real engine: ``vllm serve`` with streaming robots, then the node's server loop (on an
+embedded engine, and/or on the remote engine driving that same ``vllm serve``).
 
 Both serve the same model from the same venv with the same engine settings (dtype, KV cache,
 batch cap, prefix caching), the same prompt ids, the same plan grammar (EBNF, structured outputs)
@@ -47,6 +48,9 @@ CATEGORIES = ("urgent", "normal", "arm")
 SERVE_CONFIGS = ("serve", "serve-priority")
 """``vllm serve`` as shipped (FCFS), and with ``--scheduling-policy priority`` (each request's ERT as priority)."""
 FLOOR = "floor"
+NODE_REMOTE = "node-remote"
+"""The side of the node on the remote engine, driving the ``vllm serve`` the streaming robots used."""
+NODE_ENGINES = ("vllm", "remote")
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class RunRecord:
 @dataclass
 class Run:
     side: str
-    """``serve``, ``serve-priority`` or ``node``."""
+    """``serve``, ``serve-priority``, ``node`` (embedded engine) or ``node-remote``."""
     config: str
     """``floor`` or the workload's policy on that side."""
     workload: str
@@ -380,7 +384,7 @@ def table(runs: list[Run]) -> str:
     keys = sorted({(r.workload, r.side, r.config) for r in runs if r.config != FLOOR}, key=_row_order)
     for workload, side, config in keys:
         group = [r for r in runs if (r.workload, r.side, r.config) == (workload, side, config)]
-        cells = [workload, "vllm serve" if side != "node" else "node", config]
+        cells = [workload, {"node": "node", NODE_REMOTE: "node on vllm serve"}.get(side, "vllm serve"), config]
         for c in CATEGORIES:
             for metric in ("response", "completion"):
                 got = [_stats(r, floors.get((r.side, r.round), {}), c, metric) for r in group]
@@ -407,7 +411,8 @@ def first_segments(runs: list[Run], category: str = "urgent") -> str:
     head = ["workload", "policy", "round", "n", "response (s)", "queued", "prefill steps", "decode steps",
             "decode steps (n)", "ms / decode step", "decode batch", "empty steps", "outside the engine"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    for run in sorted((r for r in runs if r.log and r.side == "node"), key=lambda r: (r.workload, r.config, r.round)):
+    for run in sorted((r for r in runs if r.log and r.side in ("node", NODE_REMOTE)),
+                      key=lambda r: (r.workload, r.side, r.config, r.round)):
         rows = [_first_segment(run.log, rec.id) for rec in run.records
                 if rec.category == category and rec.succeeded and rec.id in run.log["segments"]]
         if rows:
@@ -434,7 +439,7 @@ def _first_segment(log: dict, request_id: str) -> tuple[float, ...]:
 
 def _row_order(key: tuple[str, str, str]) -> tuple:
     workload, side, config = key
-    return workload, side != "node", side, config
+    return workload, side not in ("node", NODE_REMOTE), side, config
 
 
 def _spread(values: list[float]) -> str:
@@ -450,7 +455,9 @@ def _spread(values: list[float]) -> str:
 @dataclass
 class PeerBench:
     """Rounds of: each ``vllm serve`` configuration (fresh server), then the node (fresh engine) under each
-    policy; on each server its floor first, then every workload."""
+    policy; on each server its floor first, then every workload. With ``remote`` in ``node_engines`` the node
+    also runs on the remote engine against the first ``vllm serve`` configuration's server, after the streaming
+    robots (its floor: theirs, each task streamed alone from that server)."""
 
     engine: EngineConfig
     workloads: list[Workload]
@@ -463,6 +470,7 @@ class PeerBench:
     reserved_cpus: int | None = None
     log_dir: Path = Path(".")
     start_timeout: float = 900.0
+    node_engines: tuple[str, ...] = ("vllm",)
     runs: list[Run] = field(default_factory=list)
     prompt_ids_match: bool | None = None
     """Whether the node's tokenizer gave every prompt the ids the robots sent ``vllm serve``."""
@@ -471,7 +479,8 @@ class PeerBench:
         for round_ in range(1, self.rounds + 1):
             for config in self.serve_configs:
                 self._serve_round(config, round_, progress)
-            self._node_round(round_, progress)
+            if "vllm" in self.node_engines:
+                self._node_round(round_, progress)
         return self.runs
 
     def _floor(self) -> list[WorkloadRequest]:
@@ -503,11 +512,38 @@ class PeerBench:
             passes = [robots.replay(warm, alone=True) for _ in range(2)]  # the first compiles, fills the cache
             runs = [Run(config, config, workload.name, round_, robots.replay(workload)) for workload in self.workloads]
             passes.append(robots.replay(warm, alone=True))
-            self._record(Run(config, FLOOR, "tasks", round_, quickest(passes)), progress)
+            floor = quickest(passes)
+            self._record(Run(config, FLOOR, "tasks", round_, floor), progress)
+            for run in runs:
+                self._record(run, progress)
+            if "remote" in self.node_engines and config == self.serve_configs[0]:
+                self._remote_round(server, floor, round_, progress)
+        finally:
+            server.close()
+
+    def _remote_round(self, server: ServeProcess, floor: list[RunRecord], round_: int, progress) -> None:  # noqa: ANN001
+        """The node on the remote engine against ``server``, under each policy, on every workload."""
+        from timely_llm.engines.hardware import estimator_profile
+        from timely_llm.engines.remote import RemoteEngine
+        from timely_llm.engines.remote_settings import RemoteSettings
+
+        progress(f"round {round_}: the node on the remote engine at {server.url}")
+        engine = RemoteEngine(RemoteSettings((server.url,), tokenizer=self.engine.model_dir,
+                                             max_num_seqs=self.engine.max_num_seqs))
+        try:
+            step_profile = estimator_profile(None, "vllm", self.engine.model, "")
+            runs = []
+            for workload in self.workloads:
+                for policy in self.policies:
+                    log: dict = {}
+                    records = node_replay(engine, workload, list(workload.requests), policy, self.skills,
+                                          self.catalog, self.engine, step_profile, log)
+                    runs.append(Run(NODE_REMOTE, policy, workload.name, round_, records, log))
+            self._record(Run(NODE_REMOTE, FLOOR, "tasks", round_, floor), progress)
             for run in runs:
                 self._record(run, progress)
         finally:
-            server.close()
+            engine.close()
 
     def _node_round(self, round_: int, progress) -> None:  # noqa: ANN001
         from timely_llm.engines.hardware import estimator_profile
@@ -549,7 +585,8 @@ class PeerBench:
 
     def to_json(self) -> dict:
         return {"engine": vars(self.engine), "rounds": self.rounds, "serve_configs": list(self.serve_configs),
-                "policies": list(self.policies), "reserved_cpus": self.reserved_cpus,
+                "policies": list(self.policies), "node_engines": list(self.node_engines),
+                "reserved_cpus": self.reserved_cpus,
                 "prompt_ids_match": self.prompt_ids_match,
                 "workloads": [w.to_json() for w in self.workloads], "runs": [r.to_json() for r in self.runs]}
 

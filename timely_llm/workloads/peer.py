@@ -2,7 +2,8 @@
 
 Plans are generated from the LRTrace task texts (not replayed), so every request costs what the
 model writes. ``light`` keeps the engine mostly idle between arrivals; ``contended`` sends bursts
-of tasks, more than the engine serves at once, so requests queue and the policies differ.
+of tasks, more than the engine serves at once, so requests queue and the policies differ; ``bursty``
+sends bursts of 10-14 tasks, more than a server capped at 8 sequences (``--max-num-seqs 8``) admits.
 """
 
 from __future__ import annotations
@@ -26,22 +27,26 @@ class PeerSpec:
     max_tasks_per_event: int
     urgent_share: float
     arm_share: float
+    min_tasks_per_event: int = 1
 
 
 PEER_WORKLOADS = {
     "light": PeerSpec("light", 15, 15 / 54, 1, 1 / 3, 0.2),
     "contended": PeerSpec("contended", 34, 0.5, 6, 0.4, 0.2),
+    "bursty": PeerSpec("bursty", 36, 0.2, 14, 0.4, 0.2, min_tasks_per_event=10),
 }
 
 
 def generate_peer(spec: PeerSpec, catalog: TraceCatalog, seed: int = 0, network_latency: float = 0.008) -> Workload:
-    """``spec.requests`` tasks in Poisson events of 1..``max_tasks_per_event`` tasks (1 ms apart), each task
+    """``spec.requests`` tasks in Poisson events of ``min_tasks_per_event``..``max_tasks_per_event`` tasks (1 ms
+    apart), each task
     urgent, arm or normal drone by the spec's shares; every agent runs one task."""
     rng = random.Random(seed)
     requests: list[WorkloadRequest] = []
     t = rng.expovariate(spec.events_per_second)
     while len(requests) < spec.requests:
-        for i in range(min(rng.randint(1, spec.max_tasks_per_event), spec.requests - len(requests))):
+        tasks = rng.randint(spec.min_tasks_per_event, spec.max_tasks_per_event)
+        for i in range(min(tasks, spec.requests - len(requests))):
             draw = rng.random()
             pool = (URGENT_TRACES if draw < spec.urgent_share
                     else ARM_TRACES if draw < spec.urgent_share + spec.arm_share else NORMAL_TRACES)
