@@ -1,9 +1,12 @@
 """``vllm serve`` for the remote-engine tests, started the one way the project starts it (peer_bench.ServeProcess):
-SmolLM2 on the CPU build, loopback, a small KV cache, a bearer key in its environment."""
+SmolLM2 on the CPU build, loopback, a small KV cache, a bearer key in its environment. ``TIMELY_LLM_VLLM_PYTHON``
+names the Python whose vLLM serves (default: this one), for tests run from a venv without vLLM."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from pathlib import Path
 
 from timely_llm.evaluation.peer_bench import EngineConfig, ServeProcess
@@ -29,7 +32,8 @@ def start_serve(log_dir: Path, name: str) -> ServeProcess:
     engine = EngineConfig("smollm2", str(path), dtype, max_model_len=2048, kv_cache_gib=0.25,
                           max_num_seqs=MAX_NUM_SEQS)
     return ServeProcess(engine, free_tcp_port(), priority=False, reserved_cpus=0, log=log_dir / f"{name}.log",
-                        start_timeout=START_TIMEOUT_S, api_key=API_KEY)
+                        start_timeout=START_TIMEOUT_S, api_key=API_KEY,
+                        python=os.environ.get("TIMELY_LLM_VLLM_PYTHON", sys.executable))
 
 
 def settings(*urls: str, **fields: object):  # noqa: ANN201 - RemoteSettings

@@ -116,12 +116,12 @@ def robot_times(seed: int, request_id: str, robot: SkillModel, arrival: float, g
 
 
 class ServeProcess:
-    """``vllm serve`` started from this venv on loopback, stopped (its process group) on exit; with ``api_key``
-    its OpenAI endpoints want that bearer token (given in its environment, not on its command line)."""
+    """``vllm serve`` started from this venv (or the ``python`` given) on loopback, stopped (its process group) on
+    exit; with ``api_key`` its OpenAI endpoints want that bearer token (in its environment, not its command line)."""
 
     def __init__(self, engine: EngineConfig, port: int, priority: bool, reserved_cpus: int | None,
-                 log: Path, start_timeout: float, api_key: str | None = None) -> None:
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine.model_dir,
+                 log: Path, start_timeout: float, api_key: str | None = None, python: str = sys.executable) -> None:
+        args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", engine.model_dir,
                 "--served-model-name", engine.model, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(engine.max_model_len),
                 "--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * (1 << 30))),
