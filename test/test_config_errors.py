@@ -71,3 +71,10 @@ def test_malformed_trace_catalog(tmp_path):
 def test_unknown_hardware_profile(tmp_path, capsys):
     assert bench(tmp_path, "--workload", "WID1", "--hw", "no-such-gpu") == 2
     assert "no-such-gpu" in capsys.readouterr().err
+
+
+def test_bench_refuses_the_remote_engine_saying_why_and_where_to_measure_it(tmp_path, capsys):
+    assert bench(tmp_path, "--workload", "WID1", "--engine", "remote") == 2
+    err = capsys.readouterr().err
+    assert "force-decodes the recorded LRTrace plans" in err and "peer-bench --node-engines remote" in err
+    assert len(err.strip().splitlines()) == 1

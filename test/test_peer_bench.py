@@ -49,6 +49,18 @@ def test_workloads_mix_every_category_and_contended_comes_in_bursts(catalog) -> 
     assert generate_peer(PEER_WORKLOADS["light"], catalog, seed=1) != light
 
 
+def test_bursty_sends_every_burst_larger_than_a_server_cap_of_8(catalog) -> None:
+    bursty = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    bursts: list[list] = []
+    for r in bursty.requests:
+        if bursts and r.arrival - bursts[-1][-1].arrival < 0.01:
+            bursts[-1].append(r)
+        else:
+            bursts.append([r])
+    assert len(bursts) >= 3 and all(len(b) > 8 for b in bursts), [len(b) for b in bursts]
+    assert set(Counter(catalog[r.trace].category for r in bursty.requests)) == {"urgent", "normal", "arm"}
+
+
 def test_floor_has_one_request_per_task(catalog) -> None:
     workload = generate_peer(PEER_WORKLOADS["contended"], catalog, seed=0)
     floor = floor_requests(workload)
@@ -101,6 +113,18 @@ def test_table_gives_ratios_to_the_same_sides_floor() -> None:
     floor2 = Run("node", FLOOR, "tasks", 2, [_record(0, "urgent", 6, 1.0, 4.0)])
     text = table([floor, node, floor2, second])
     assert "1.75x [1.50-2.00]" in text.splitlines()[2]
+
+
+def test_the_node_on_the_remote_engine_has_rows_of_its_own_against_its_servers_floor() -> None:
+    from timely_llm.evaluation.peer_bench import NODE_REMOTE
+
+    floor = [_record(0, "urgent", 6, 2.0, 4.0)]
+    runs = [Run("serve", FLOOR, "tasks", 1, floor), Run(NODE_REMOTE, FLOOR, "tasks", 1, floor),
+            Run("serve", "serve", "peer-bursty", 1, [_record(1, "urgent", 6, 4.0, 8.0)]),
+            Run(NODE_REMOTE, "timelyllm", "peer-bursty", 1, [_record(1, "urgent", 6, 3.0, 8.0)])]
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in table(runs).splitlines()[2:]}
+    assert rows["node on vllm serve"][2:4] == ["timelyllm", "1.50x"]
+    assert rows["vllm serve"][3] == "2.00x"
 
 
 def test_cli_prints_the_table_of_saved_runs_and_needs_out_to_run(tmp_path, capsys) -> None:
