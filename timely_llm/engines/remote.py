@@ -107,8 +107,7 @@ class RemoteEngine(Engine):
         if server.down is not None:
             raise EngineRejected(f"{spec.gen_id}: its server {server.url} (which holds its KV) is down: {server.down}")
         grammar = None if spec.forced_ids is not None else _grammar(spec, self.tokenizer)
-        body = request_body(self.model, server.served.api if server.served else "structured_outputs", context,
-                            max_tokens, grammar, spec.priority)
+        body = request_body(self.model, server.served.api, context, max_tokens, grammar, spec.priority)
         gen = _Generation(spec, server, list(spec.output_ids), stream=gen.stream + 1 if gen else 1,
                           context_tokens=len(context), awaiting_first=True, warm_only=spec.forced_ids == [])
         self._gens[spec.gen_id] = gen
@@ -269,7 +268,7 @@ class RemoteEngine(Engine):
 
     async def _stream(self, gen_id: str, stream: int, server: RemoteServer, body: dict) -> None:
         """One completion's events into the queue: a Chunk each, or one cause it failed of."""
-        api = server.served.api if server.served else "structured_outputs"
+        api = server.served.api
         try:
             async with self._async_client.stream("POST", f"{server.url}/v1/completions", json=body) as answer:
                 if answer.status_code != 200:
