@@ -1,6 +1,6 @@
 """Start the timely_llm_server node, active (configured and serving goals) unless ``autostart:=false``.
 
-    ros2 launch timely_llm timely_llm.launch.py [params_file:=F] [engine:=vllm|sim] [policy:=P] [model:=M]
+    ros2 launch timely_llm timely_llm.launch.py [params_file:=F] [engine:=vllm|remote|sim] [policy:=P] [model:=M]
                                                 [vllm_args:="KEY:=VALUE ..."] [hw_profile:=NAME] [namespace:=NS]
                                                 [autostart:=true|false]
 
@@ -27,7 +27,8 @@ from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.engines.vllm_args import parse_assignments
 
 OVERRIDES = {
-    "engine": "vllm (embedded vLLM on the installed build's device: GPU or CPU) or sim (replays LRTrace plans)",
+    "engine": "vllm (embedded vLLM on the installed build's device: GPU or CPU), remote (servers at the params "
+              "file's remote.url) or sim (replays LRTrace plans)",
     "policy": "timelyllm, vllm, vllm-stream, fcfs, edf, ...",
     "model": "vllm: smollm2 (default), tiny, a model directory or a Hugging Face model id",
     "hw_profile": "sim: hardware profile name or YAML file",
