@@ -132,6 +132,24 @@ def parameter_defaults() -> dict[str, object]:
     return {name: shipped.get(name, default) for name, (default, _) in PARAMETERS.items()} | engine_args
 
 
+def _transition(during: str, success: str, failure: str) -> Callable:
+    """A transition callback that keeps the node's ``lifecycle_state``: ``during`` while it runs, then the state its
+    result leads to (rclpy offers no public way to read the state machine's)."""
+    def wrap(callback: Callable) -> Callable:
+        @functools.wraps(callback)
+        def run(node: TimelyLlmNode, state: LifecycleState) -> TransitionCallbackReturn:
+            node._state = during
+            result = TransitionCallbackReturn.ERROR
+            try:
+                result = callback(node, state)
+            finally:
+                node._state = {TransitionCallbackReturn.SUCCESS: success,
+                               TransitionCallbackReturn.FAILURE: failure}.get(result, "errorprocessing")
+            return result
+        return run
+    return wrap
+
+
 class NodeStartError(RuntimeError):
     """The node cannot start (a parameter out of range, no robot type installed), or its autostart failed."""
 
@@ -141,6 +159,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def __init__(self, **node_kwargs: object) -> None:
         super().__init__("timely_llm_server", **node_kwargs)
+        self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
         self.clock = WallClock()
         self.server: Server | None = None
@@ -275,10 +294,11 @@ class TimelyLlmNode(LifecycleNode):
     @property
     def lifecycle_state(self) -> str:
         """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
-        return self._state_machine.current_state[1]
+        return self._state
 
     # ----- lifecycle -----
 
+    @_transition("configuring", "inactive", "unconfigured")
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Load the engine in a thread of its own and wait for it here (off the executor: see the module)."""
         try:
@@ -302,12 +322,14 @@ class TimelyLlmNode(LifecycleNode):
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
 
+    @_transition("activating", "active", "inactive")
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._desk.serving = True
         self.phase = "active: accepting goals"
         self.get_logger().info(self.phase)
         return super().on_activate(state)
 
+    @_transition("deactivating", "inactive", "active")
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Stop taking goals and abort those in flight, "server deactivated": a deactivate must answer at once,
         and draining could take as long as the robots take to execute their plans."""
@@ -315,11 +337,13 @@ class TimelyLlmNode(LifecycleNode):
         self.phase = "inactive: configured, not accepting goals"
         return super().on_deactivate(state)
 
+    @_transition("cleaningup", "unconfigured", "inactive")
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._release_later()
         self.phase = "unconfigured"
         return TransitionCallbackReturn.SUCCESS
 
+    @_transition("shuttingdown", "finalized", "finalized")
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Abort what is in flight ("server shutting down"); a thread waits for the results to go out, releases
         the engine and sets ``finalized`` (the transition itself waits for nothing)."""
@@ -329,6 +353,7 @@ class TimelyLlmNode(LifecycleNode):
         threading.Thread(target=self._finalize, name="timely_llm_finalize", daemon=True).start()
         return TransitionCallbackReturn.SUCCESS
 
+    @_transition("errorprocessing", "unconfigured", "finalized")
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_serving("server error")
         self._release_later()
