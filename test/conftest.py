@@ -9,6 +9,8 @@ _ROS_DOMAINS = random.SystemRandom()
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs the embedded vLLM engine (slow start)")
     config.addinivalue_line("markers", "ros: needs ROS 2 (rclpy and the built interfaces)")
+    config.addinivalue_line("markers", "no_vllm: a node test that needs neither vLLM nor torch: scripts/test.sh runs "
+                                       "these on Python 3.10 too")
 
 
 @pytest.fixture(scope="session")

@@ -96,6 +96,9 @@ def foreign_engine_parameters(engine: str, values: Mapping[str, object], default
 
 def foreign_engine_refusal(engine: str, names: list[str]) -> str:
     """One line: why a configure on ``engine`` refuses the parameters ``names`` of other engines."""
-    owners = sorted({owner for name in names for owner, prefix in ENGINE_PREFIXES.items() if name.startswith(prefix)})
-    return (f"parameter{'s' if len(names) > 1 else ''} {', '.join(names)} of engine {' and '.join(owners)} given "
-            f"to a node whose engine is {engine}: remove {'them' if len(names) > 1 else 'it'} or set the engine")
+    owners = {name: owner for name in names for owner, prefix in ENGINE_PREFIXES.items() if name.startswith(prefix)}
+    if len(names) == 1:
+        return (f"parameter {names[0]} is for engine {owners[names[0]]}, and this node's engine is {engine}: remove it "
+                f"or set engine to {owners[names[0]]}")
+    listed = ", ".join(f"{name} (engine {owners[name]})" for name in names)
+    return f"parameters {listed} are for other engines than this node's, {engine}: remove them or set the engine"
