@@ -242,6 +242,7 @@ def test_get_state_answers_while_vllm_loads_and_a_bad_model_leaves_the_node_aliv
 
 # ----- parameters -----
 
+@pytest.mark.no_vllm
 def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link: PlanLink) -> None:
     statuses: list[ServerStatus] = []
     link.node.create_subscription(ServerStatus, "status", statuses.append, SERVER_STATUS_QOS)
