@@ -239,7 +239,7 @@ def _launch(workspace: Workspace, launch: LaunchPackages, domain: int,
                    workspace.root)
 
 
-def test_launch_file_starts_the_node_active(workspace: Workspace, launch_packages: LaunchPackages, ros_domain: int,
+def test_launch_file_starts_the_node_active(launch_packages: LaunchPackages, workspace: Workspace, ros_domain: int,
                                             link: PlanLink) -> None:
     with _launch(workspace, launch_packages, ros_domain, "policy:=edf", "engine:=sim") as server:
         assert parameters_of(link.node, server, ["policy", "engine"]) == {"policy": "edf", "engine": "sim"}
@@ -247,7 +247,7 @@ def test_launch_file_starts_the_node_active(workspace: Workspace, launch_package
 
 
 @pytest.mark.vllm
-def test_launch_file_with_no_arguments_serves_a_free_text_task(workspace: Workspace, launch_packages: LaunchPackages,
+def test_launch_file_with_no_arguments_serves_a_free_text_task(launch_packages: LaunchPackages, workspace: Workspace,
                                                                ros_domain: int, link: PlanLink) -> None:
     """The default launch: the vLLM engine with the shipped model generates a plan in the robot's grammar."""
     tello = load_skill_models()["tello"]
@@ -268,8 +268,8 @@ def test_launch_file_with_no_arguments_serves_a_free_text_task(workspace: Worksp
     assert "".join(s.text for s in outcome.segments) == outcome.result.plan
 
 
-def test_launch_file_without_autostart_leaves_the_node_unconfigured(workspace: Workspace,
-                                                                   launch_packages: LaunchPackages, ros_domain: int,
+def test_launch_file_without_autostart_leaves_the_node_unconfigured(launch_packages: LaunchPackages,
+                                                                   workspace: Workspace, ros_domain: int,
                                                                    link: PlanLink) -> None:
     """... with the vLLM engine arguments given in vllm_args over the params file's."""
     get_state = link.node.create_client(GetState, f"/{SERVER}/get_state")
@@ -284,7 +284,7 @@ def test_launch_file_without_autostart_leaves_the_node_unconfigured(workspace: W
 
 
 def test_launches_in_two_namespaces_take_their_params_files_and_serve_their_fleets(
-        workspace: Workspace, launch_packages: LaunchPackages, ros_domain: int, session: tuple,
+        launch_packages: LaunchPackages, workspace: Workspace, ros_domain: int, session: tuple,
         tmp_path: Path) -> None:
     context, executor = session
     policies = {"fleet_a": "fcfs", "fleet_b": "edf"}
