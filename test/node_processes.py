@@ -85,7 +85,7 @@ def running(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> It
     """``argv`` running; on exit SIGINT, and it must exit 0 in time (its output is shown if not)."""
     with tempfile.TemporaryFile("w+") as log:
         running = Running(subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True, preexec_fn=_default_sigint), log)
+                                           start_new_session=True, preexec_fn=default_sigint), log)
         try:
             yield running
             running.proc.send_signal(signal.SIGINT)
@@ -100,7 +100,7 @@ def running(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> It
                 running.proc.wait()
 
 
-def _default_sigint() -> None:
+def default_sigint() -> None:
     """In the child: SIGINT as a user's shell leaves it. An ignored or blocked SIGINT is inherited through exec,
     and the test process's may have been changed by what ran in it before (in-process engines, rclpy); the
     launched process then never sees the SIGINT the test sends."""

@@ -104,18 +104,23 @@ def test_bad_ros_args_exit_2_with_a_reason() -> None:
 
 def test_node_without_skill_models_refuses_to_start(tmp_path: Path, ros_domain: int) -> None:
     """An install whose share/timely_llm has no skill_models/ (the package outside a checkout, found through
-    the ament index): the node must not start knowing no robot type."""
+    the ament index): the node must not start knowing no robot type; nor without the shipped params file, which
+    holds its defaults. Each refusal is one line naming what is missing."""
     shutil.copytree(REPO / "timely_llm", tmp_path / "python" / "timely_llm",
                     ignore=shutil.ignore_patterns("__pycache__"))
     prefix = tmp_path / "prefix"
     (prefix / "share" / "ament_index" / "resource_index" / "packages").mkdir(parents=True)
     (prefix / "share" / "ament_index" / "resource_index" / "packages" / "timely_llm").touch()
-    (prefix / "share" / "timely_llm").mkdir()
+    share = prefix / "share" / "timely_llm"
+    share.mkdir()
     env = venv_env(ros_domain, tmp_path / "python", AMENT_PREFIX_PATH=str(prefix))
-    out = subprocess.run([VENV_BIN / "timely-llm", "serve"], env=env, capture_output=True, text=True,
-                         timeout=START_TIMEOUT_S)
-    assert out.returncode != 0 and "no skill models" in out.stdout + out.stderr, out.stdout + out.stderr
-    assert str(prefix / "share" / "timely_llm" / "skill_models") in out.stdout + out.stderr
+    for missing in (share / "config" / "timely_llm.yaml", share / "skill_models"):
+        out = subprocess.run([VENV_BIN / "timely-llm", "serve"], env=env, capture_output=True, text=True,
+                             timeout=START_TIMEOUT_S)
+        assert out.returncode != 0 and str(missing) in out.stdout + out.stderr, out.stdout + out.stderr
+        assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+        shutil.copytree(REPO / "config", share / "config", dirs_exist_ok=True)
+    assert "no skill models" in out.stdout + out.stderr, out.stdout + out.stderr
 
 
 # ----- a fresh colcon workspace -----

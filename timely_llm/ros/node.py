@@ -117,19 +117,26 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     **{f"tuf.{c}.{k}": (v, f"default TUF {k} for {c} goals that give none")
        for c, tuf in DEFAULT_TUFS.items() for k, v in tuf.to_dict().items()},
 }
-VLLM_DESCRIPTION = "vLLM engine argument (EngineArgs field)"
 
 
 def parameter_defaults() -> dict[str, object]:
-    """Each parameter's default: the shipped params file's value where it sets one (its ``vllm:`` section as
-    ``vllm.<field>``), else the code's (``PARAMETERS``)."""
-    shipped = shipped_parameters()
-    engine_args = {f"{VLLM_PREFIX}{k}": v for k, v in (shipped.pop("vllm", None) or {}).items()}
+    """Each parameter's default: the shipped params file's value where it sets one (an engine's section, e.g.
+    ``vllm:``, as ``vllm.<field>``), else the code's (``PARAMETERS``)."""
+    try:
+        shipped = shipped_parameters()
+    except OSError as exc:  # an installation without its share/timely_llm/config
+        raise NodeStartError(f"no shipped params file: {exc.filename}: {exc.strerror}") from exc
+    engine_args = {f"{prefix}{k}": v for prefix in CONFIGURE_TIME_PREFIXES
+                   for k, v in (shipped.pop(prefix.rstrip("."), None) or {}).items()}
     missing = [name for name, (default, _) in PARAMETERS.items() if default is SHIPPED and name not in shipped]
     unknown = sorted(set(shipped) - set(PARAMETERS))
     if missing or unknown:  # an installation whose params file and code disagree
         raise NodeStartError(f"the shipped config/timely_llm.yaml lacks {missing} or has unknown {unknown}")
     return {name: shipped.get(name, default) for name, (default, _) in PARAMETERS.items()} | engine_args
+
+
+def _engine_description(name: str) -> str:
+    return "vLLM engine argument (EngineArgs field)" if name.startswith(VLLM_PREFIX) else "engine parameter"
 
 
 def _transition(during: str, success: str, failure: str) -> Callable:
@@ -220,15 +227,14 @@ class TimelyLlmNode(LifecycleNode):
         declare every override, not only these.)"""
         self.defaults = parameter_defaults()
         for name, default in self.defaults.items():
-            description = PARAMETERS[name][1] if name in PARAMETERS else VLLM_DESCRIPTION
+            description = PARAMETERS[name][1] if name in PARAMETERS else _engine_description(name)
             try:
                 self.declare_parameter(name, default, descriptor(name, description, dynamic=name not in PARAMETERS))
             except InvalidParameterValueException as exc:
                 raise NodeStartError(f"parameter {name}: {exc}") from exc
         for name, parameter in self._parameter_overrides.items():
             if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults:
-                description = VLLM_DESCRIPTION if name.startswith(VLLM_PREFIX) else "engine parameter"
-                self.declare_parameter(name, parameter.value, descriptor(name, description, dynamic=True))
+                self.declare_parameter(name, parameter.value, descriptor(name, _engine_description(name), dynamic=True))
 
     def _check_skill_models(self) -> None:
         """With no skill_models given, the installation must ship some: else no restart could help."""
