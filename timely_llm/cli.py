@@ -659,7 +659,8 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.description = ("Run the node until SIGINT or SIGTERM. ROS arguments go anywhere after --ros-args (up to --), "
                      "as for any ROS 2 executable: e.g. --ros-args -p policy:=fcfs --params-file F "
                      "-r __node:=NAME; parameters set with -p win over --params.")
-    p.add_argument("--params", help="ROS 2 parameters YAML file (e.g. config/timely_llm.yaml)")
+    p.add_argument("--params", help="ROS 2 parameters YAML file, over the node's defaults: the shipped "
+                                    "config/timely_llm.yaml's values (embedded vLLM with SmolLM2)")
     p.set_defaults(run=_serve)
 
 
