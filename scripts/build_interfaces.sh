@@ -16,7 +16,7 @@ fi
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$(realpath -m "$1")"
 BUILD_DIR="$(realpath -m "$2")"
-PYTHON="${PYTHON:-python3.11}"
+PYTHON="${PYTHON:-python3.11}"  # makes VENV if there is none; the wheels fetched are those for its version
 
 ROS_WHEELS=(
   "ros-jazzy-rclpy[fastrtps]"
@@ -59,11 +59,6 @@ AMENT_CMAKE_WHEELS=(
   ros-jazzy-ament-cmake-vendor-package
   ros-jazzy-ament-cmake-version
 )
-# The wheels were built in a manylinux image; their exported CMake files name its paths.
-WHEEL_PYTHON_ROOT=/opt/python/cp311-cp311
-WHEEL_PYTHON_INCLUDE="$WHEEL_PYTHON_ROOT/include/python3.11"
-WHEEL_NUMPY_INCLUDE="$WHEEL_PYTHON_ROOT/lib/python3.11/site-packages/numpy/_core/include"
-
 install_wheels() {
   if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
@@ -72,16 +67,22 @@ install_wheels() {
     "${ROS_WHEELS[@]}" "${AMENT_CMAKE_WHEELS[@]}"
 }
 
+# The wheels were built in a manylinux image, one interpreter per Python version (/opt/python/cp311-cp311, ...);
+# their exported CMake files name its paths, which are replaced by the venv's own.
 patch_cmake_paths() {
-  local python_include numpy_include
+  local version wheel_root wheel_python_include wheel_numpy_include python_include numpy_include
+  version="$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  wheel_root="/opt/python/cp${version/./}-cp${version/./}"
+  wheel_python_include="$wheel_root/include/python$version"
+  wheel_numpy_include="$wheel_root/lib/python$version/site-packages/numpy/_core/include"
   python_include="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
   numpy_include="$("$VENV/bin/python" -c 'import numpy; print(numpy.get_include())')"
   # The numpy path contains the interpreter root, so it is replaced first.
   local cmake_files
-  mapfile -t cmake_files < <(grep -rlF --include='*.cmake' "$WHEEL_PYTHON_ROOT" "$VENV/share" || true)
+  mapfile -t cmake_files < <(grep -rlF --include='*.cmake' "$wheel_root" "$VENV/share" || true)
   if [[ ${#cmake_files[@]} -gt 0 ]]; then
-    sed -i -e "s|$WHEEL_NUMPY_INCLUDE|$numpy_include|g" \
-           -e "s|$WHEEL_PYTHON_INCLUDE|$python_include|g" "${cmake_files[@]}"
+    sed -i -e "s|$wheel_numpy_include|$numpy_include|g" \
+           -e "s|$wheel_python_include|$python_include|g" "${cmake_files[@]}"
   fi
 }
 

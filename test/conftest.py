@@ -10,6 +10,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs the embedded vLLM engine (slow start)")
     config.addinivalue_line("markers", "ros: needs ROS 2 (rclpy and the built interfaces)")
     config.addinivalue_line("markers", "remote: needs vllm serve (the vllm_serve fixture starts one, slow)")
+    config.addinivalue_line("markers", "no_vllm: a node test that needs neither vLLM nor torch: scripts/test.sh runs "
+                                       "these on Python 3.10 too")
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import test_packaging
 import yaml
-from test_packaging import LAUNCH, Workspace, _default_sigint, _ros2_launch_sources, _venv_env
+from node_processes import default_sigint, venv_env
+from test_packaging import LAUNCH, LaunchPackages, Workspace
 
 from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.skills import load_skill_model
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.ros]
 
 workspace = test_packaging.workspace
 """A fresh colcon workspace of this checkout, as test_packaging builds it (once for this module)."""
+launch_packages = test_packaging.launch_packages
+"""launch and launch_ros, as test_packaging finds them."""
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 READY_LINE = "active: accepting goals"
@@ -82,7 +85,7 @@ def test_the_params_file_sets_what_the_serve_command_line_sets(tmp_path: Path) -
 def serving(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[list[str]]:
     """``argv`` started and logging READY_LINE; its output lines. Leaving: SIGINT, and it must exit 0."""
     server = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True, preexec_fn=_default_sigint)
+                              start_new_session=True, preexec_fn=default_sigint)
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(server.stdout), daemon=True).start()
     try:
@@ -130,14 +133,16 @@ def test_a_user_robot_from_the_readme_serves_a_free_text_task_over_ros(tmp_path:
     check_client_run(client, files["my_robot.yaml"])
 
 
-def test_the_readme_launch_form_serves_the_robot_from_a_colcon_workspace(workspace: Workspace, tmp_path: Path,
+def test_the_readme_launch_form_serves_the_robot_from_a_colcon_workspace(launch_packages: LaunchPackages,
+                                                                         workspace: Workspace, tmp_path: Path,
                                                                          ros_domain: int) -> None:
     blocks = section_blocks()
     files = write_files(blocks, tmp_path)
     _, _, launch_cmd, client_cmd = commands(blocks)
     # The venv has no `ros2 launch` (the launch packages are not on PyPI): run what it runs, as test_packaging does.
     launch = launch_cmd.replace("ros2 launch timely_llm timely_llm.launch.py", f"python -c '{LAUNCH}'")
-    with serving(workspace.sourced(launch), tmp_path, _venv_env(ros_domain, _ros2_launch_sources())):
-        client = subprocess.run(workspace.sourced(client_cmd), cwd=tmp_path, env=_venv_env(ros_domain, None),
+    with serving(workspace.sourced(launch, launch_packages.underlays), tmp_path,
+                 venv_env(ros_domain, launch_packages.pythonpath, **launch_packages.env)):
+        client = subprocess.run(workspace.sourced(client_cmd), cwd=tmp_path, env=venv_env(ros_domain, None),
                                 capture_output=True, text=True, timeout=360)
     check_client_run(client, files["my_robot.yaml"])

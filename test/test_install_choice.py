@@ -67,5 +67,12 @@ def test_the_environment_overrides_the_detection(tmp_path: Path, gpu_line: str |
     installs = _pip_installs(_run(tmp_path, gpu_line, str(tmp_path / "venv"), TIMELY_LLM_VLLM_BUILD=build))
     assert any(i.endswith(f" {package}") for i in installs), installs
     bad = _run(tmp_path, gpu_line, "--detect", TIMELY_LLM_VLLM_BUILD="rocm")
-    assert bad.returncode == 2 and "must be cuda or cpu" in bad.stderr
+    assert bad.returncode == 2 and "must be cuda, cpu or none" in bad.stderr
+
+
+@pytest.mark.parametrize("gpu_line", [GPU_LINE, None])
+def test_build_none_makes_a_venv_with_neither_vllm_nor_torch(tmp_path: Path, gpu_line: str | None) -> None:
+    out = _run(tmp_path, gpu_line, str(tmp_path / "venv"), TIMELY_LLM_VLLM_BUILD="none", PYTHON="python3.10")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"+ python3.10 -m venv {tmp_path / 'venv'}\n"  # and no pip install at all
 

@@ -35,12 +35,12 @@ SHUTDOWN_RESULTS_S = 2.0
 
 @pytest.fixture
 def node_process(ros_domain: int, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Starts ``python -m timely_llm.ros.node`` on the test's domain with parameter overrides."""
+    """Starts ``python -m timely_llm.ros.node`` on the sim engine and the test's domain with parameter overrides."""
     started: list[tuple[subprocess.Popen, Path]] = []
 
     def start(**params: object) -> subprocess.Popen:
         log = tmp_path / f"node{len(started)}.log"
-        overrides = [arg for k, v in params.items() for arg in ("-p", f"{k}:={v}")]
+        overrides = [arg for k, v in {"engine": "sim", **params}.items() for arg in ("-p", f"{k}:={v}")]
         process = subprocess.Popen([sys.executable, "-m", "timely_llm.ros.node", "--ros-args", *overrides],
                                    env=os.environ | {"ROS_DOMAIN_ID": str(ros_domain)},
                                    stdout=log.open("w"), stderr=subprocess.STDOUT)

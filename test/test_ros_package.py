@@ -69,15 +69,18 @@ def answered(future: object, timeout_s: float, what: str) -> object:
 
 
 class SlowLoadNode(TimelyLlmNode):
-    """The node whose engine load takes until the test says (a vLLM start takes minutes): the real load runs then."""
+    """The node on the sim engine whose load takes until the test says (a vLLM start takes minutes): the real load
+    runs then."""
 
-    def __init__(self, loaded: threading.Event, **kwargs: object) -> None:
-        self.loaded = loaded
-        super().__init__(**kwargs)
+    def __init__(self, loaded: threading.Event, parameter_overrides: list[Parameter] = (), **kwargs: object) -> None:
+        super().__init__(parameter_overrides=[Parameter("engine", value="sim"), *parameter_overrides], **kwargs)
+        make_server = self._loader._make_server
 
-    def _make_server(self) -> Server:
-        self.loaded.wait(TIMEOUT_S)
-        return super()._make_server()
+        def slow_make_server() -> Server:
+            loaded.wait(TIMEOUT_S)
+            return make_server()
+
+        self._loader._make_server = slow_make_server
 
 
 def _state(node: Node, server: str) -> str:
@@ -239,6 +242,7 @@ def test_get_state_answers_while_vllm_loads_and_a_bad_model_leaves_the_node_aliv
 
 # ----- parameters -----
 
+@pytest.mark.no_vllm
 def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link: PlanLink) -> None:
     statuses: list[ServerStatus] = []
     link.node.create_subscription(ServerStatus, "status", statuses.append, SERVER_STATUS_QOS)

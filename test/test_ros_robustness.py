@@ -152,6 +152,7 @@ def test_status_counts_goals_whose_robot_is_executing(session: tuple, link: Plan
     assert [o.status for o in stuck] == ["succeeded"] * 2
 
 
+@pytest.mark.no_vllm
 def test_lifecycle_gates_goals_and_deactivate_aborts_those_in_flight(session: tuple, robots: Callable) -> None:
     with server_node(session[1], session[0], autostart=False, segment_timeout_margin=60.0) as node:
         assert node.server is None
@@ -176,6 +177,7 @@ def test_lifecycle_gates_goals_and_deactivate_aborts_those_in_flight(session: tu
     assert in_flight.status == "aborted" and in_flight.result.reason == "server deactivated"
 
 
+@pytest.mark.no_vllm
 def test_a_node_that_cannot_configure_says_why(session: tuple) -> None:
     from timely_llm.ros.node import NodeStartError
 

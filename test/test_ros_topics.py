@@ -10,6 +10,7 @@ import pytest
 from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 
 from timely_llm.core.skills import load_skill_models
 from timely_llm.ros import topic_requests
@@ -174,7 +175,8 @@ def test_two_fleets_in_two_namespaces_each_get_their_plans_from_their_own_node(s
     servers, clients, robots = [], [], {}
     try:
         for fleet in ("fleet_a", "fleet_b"):
-            servers.append(TimelyLlmNode(context=context, namespace=fleet))
+            servers.append(TimelyLlmNode(context=context, namespace=fleet,
+                                         parameter_overrides=[Parameter("engine", value="sim")]))
             clients.append(Node("robots", namespace=fleet, context=context))
             for node in (servers[-1], clients[-1]):
                 executor.add_node(node)

@@ -2,8 +2,8 @@
 at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured. What
 its policy sets (vLLM's scheduling) the node starts vLLM with as ``bench --engine vllm`` does.
 
-(That ``vllm.max_num_seqs`` sets the server's batch cap is checked where an engine really starts:
-test_ros_node.py's vLLM test.)
+(That ``vllm.max_num_seqs`` sets the server's batch cap is checked where an engine really starts: test_ros_node.py's
+vLLM test, and here ``timely-llm serve`` without a params file, which runs vLLM as the launch file does.)
 """
 
 from __future__ import annotations
@@ -16,14 +16,23 @@ from pathlib import Path
 import pytest
 from guards import wait_until
 from lifecycle_msgs.srv import GetState
+from node_processes import READY_LINE, VENV_BIN, running, venv_env
 from rclpy.lifecycle import TransitionCallbackReturn
 
 from timely_llm.cli import main
+from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.vllm_args import EngineArgsError
 from timely_llm.ros.fleet import server_node
+from timely_llm.ros.interfaces import ServerStatus
+from timely_llm.ros.qos import SERVER_STATUS_QOS
+from timely_llm.ros.robot_client import RobotClient, SimulatedSkills
+from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
 
+VLLM_START_TIMEOUT_S = 900.0
+"""vLLM (CPU build) starting with the tiny model, compiling, on a loaded 2-core machine."""
+GOALS_TIMEOUT_S = 600.0
 OFFLINE_BOUND_S = 30.0
 """A Hub id is checked before vLLM is imported (which alone takes 10-40 s on a loaded 2-core machine)."""
 
@@ -116,3 +125,30 @@ def test_a_vllm_argument_the_policy_sets_is_refused_naming_the_parameter(session
     with server_node(session[1], session[0], engine="vllm", model="tiny", policy="vllm-priority", autostart=False,
                      **{"vllm.scheduling_policy": "fcfs"}) as node:
         assert _configure_fails(node) == "vllm.scheduling_policy is set by parameter policy"
+
+
+@pytest.mark.vllm
+def test_serve_without_a_params_file_runs_vllm_with_at_most_max_num_seqs_generations(ros_domain: int, link: object
+                                                                                     ) -> None:
+    """The shipped params file's engine (vLLM) with no --params; eight plans asked at once under policy vllm (a
+    generation holds its batch slot until its plan ends) never run more than four at a time, and do run four."""
+    statuses: list[ServerStatus] = []
+    link.node.create_subscription(ServerStatus, "status", statuses.append, SERVER_STATUS_QOS)
+    command = [str(VENV_BIN / "timely-llm"), "serve", "--ros-args", "-p", "vllm.max_num_seqs:=4", "-p", "model:=tiny",
+               "-p", "kv_cache_gib:=0.25", "-p", "policy:=vllm", "-p", "status_period:=0.05"]
+    tello, catalog = load_skill_models()["tello"], load_catalog()
+    traces = [t for t in catalog.traces.values() if t.robot == "tello"][:8]
+    with running(command, venv_env(ros_domain)) as server:
+        server.wait_for(lambda: READY_LINE in server.output(chars=0), "vLLM started", VLLM_START_TIMEOUT_S)
+        server.wait_for(link.action.server_is_ready, "action server")
+        robots = [RobotClient(link, f"tello-{i}", "tello", SimulatedSkills(tello, time_scale=0.05)) for i in range(8)]
+        try:
+            outcomes = [robot.request(trace.prompt, None, trace.id) for robot, trace in zip(robots, traces,
+                                                                                         strict=True)]
+            server.wait_for(lambda: all(o.finished.done() for o in outcomes), "every goal's result", GOALS_TIMEOUT_S)
+        finally:
+            for robot in robots:
+                robot.close()
+    assert [o.status for o in outcomes] == ["succeeded"] * 8, [o.result.reason for o in outcomes]
+    assert {s.engine for s in statuses if s.engine} == {"vllm"}
+    assert max(s.running for s in statuses) == 4, [s.running for s in statuses]

@@ -649,20 +649,19 @@ def _without_ros_args(argv: list[str]) -> list[str]:
     if "--ros-args" not in argv:
         return argv
     argv = [a for i, a in enumerate(argv) if not (a == "--" and argv[i + 1:i + 2] == ["--ros-args"])]
-    from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
     from rclpy.utilities import remove_ros_args
 
     try:
         return remove_ros_args(["timely-llm", *argv])[1:]
-    except (rcl.RCLError, rcl.UnknownROSArgsError) as exc:
+    except RuntimeError as exc:
         raise _ros_args_error(exc) from exc
 
 
-def _ros_args_error(exc: Exception) -> ConfigError:
-    from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
-
+def _ros_args_error(exc: RuntimeError) -> ConfigError:
+    """rcl's refusal of the ROS arguments, one line. rclpy raises its RCLError or UnknownROSArgsError (both
+    RuntimeErrors), which it exports only from its private implementation module: they are told apart by name."""
     reason = str(exc).split(", at ")[0]  # rcl appends its source locations
-    if isinstance(exc, rcl.UnknownROSArgsError):
+    if type(exc).__name__ == "UnknownROSArgsError":
         reason = f"unknown ROS arguments {reason}"
     return ConfigError("--ros-args", None, reason)
 
@@ -671,7 +670,8 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.description = ("Run the node until SIGINT or SIGTERM. ROS arguments go anywhere after --ros-args (up to --), "
                      "as for any ROS 2 executable: e.g. --ros-args -p policy:=fcfs --params-file F "
                      "-r __node:=NAME; parameters set with -p win over --params.")
-    p.add_argument("--params", help="ROS 2 parameters YAML file (e.g. config/timely_llm.yaml)")
+    p.add_argument("--params", help="ROS 2 parameters YAML file, over the node's defaults: the shipped "
+                                    "config/timely_llm.yaml's values (embedded vLLM with SmolLM2)")
     p.set_defaults(run=_serve)
 
 
@@ -689,12 +689,11 @@ def _check_ros_args(argv: list[str]) -> None:
     """ConfigError unless rcl accepts the ROS arguments in ``argv`` (it parses them on init)."""
     import rclpy
     from rclpy.context import Context
-    from rclpy.impl.implementation_singleton import rclpy_implementation as rcl
 
     context = Context()
     try:
         rclpy.init(args=argv, context=context)
-    except (rcl.RCLError, rcl.UnknownROSArgsError) as exc:
+    except RuntimeError as exc:
         raise _ros_args_error(exc) from exc
     context.try_shutdown()
 

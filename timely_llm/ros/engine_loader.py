@@ -19,6 +19,7 @@ from timely_llm.engines.vllm_args import engine_args, from_parameters
 from timely_llm.models.hub import check_if_hub_id
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
+from timely_llm.ros.parameters import ENGINE_PREFIXES, foreign_engine_parameters, foreign_engine_refusal
 from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.server import POLICIES, Server
 from timely_llm.serving import ServerConfig, build_server
@@ -112,6 +113,7 @@ class EngineLoader:
         policy = self._param("policy")
         if policy not in POLICIES:
             raise ValueError(f"parameter policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self._check_engine_parameters()
         self._catalog = load_catalog()
         files = [f for f in self._node.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
         skills = load_skill_models(files or None)
@@ -125,6 +127,15 @@ class EngineLoader:
         for trace in self._catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)
             engine.tokenizer.encode(trace.plan)
         return server
+
+    def _check_engine_parameters(self) -> None:
+        """ValueError naming the parameters of another engine than this node's, set to other than their default."""
+        engine, node = self._param("engine"), self._node
+        values = {f"{prefix}{name}": p.value for prefix in ENGINE_PREFIXES.values()
+                  for name, p in node.get_parameters_by_prefix(prefix.rstrip(".")).items()}
+        foreign = foreign_engine_parameters(engine, values, node.defaults)
+        if foreign:
+            raise ValueError(foreign_engine_refusal(engine, foreign))
 
     def _server_config(self, policy: str) -> ServerConfig:
         """The server the parameters describe; its step-time profile is the one bench would use

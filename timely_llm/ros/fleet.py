@@ -47,11 +47,13 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 
 
 @contextmanager
-def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", **params: object) -> Iterator:
+def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = "sim",
+                **params: object) -> Iterator:
     """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``; active unless ``autostart``
-    is false (NodeStartError if its autostart fails)."""
+    is false (NodeStartError if its autostart fails). Its ``engine`` is sim unless given: what replays workloads'
+    LRTrace plans."""
     node = TimelyLlmNode(context=context, namespace=namespace,
-                         parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+                         parameter_overrides=[Parameter(k, value=v) for k, v in {"engine": engine, **params}.items()])
     executor.add_node(node)
     try:
         node.wait_active()

@@ -7,9 +7,12 @@ import weakref
 from collections.abc import Callable
 
 import rclpy.task
+from lifecycle_msgs.srv import ChangeState, GetAvailableStates, GetAvailableTransitions, GetState
 from rclpy.callback_groups import CallbackGroup, MutuallyExclusiveCallbackGroup
-from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNode
+
+LIFECYCLE_QUERIES = (GetState, GetAvailableStates, GetAvailableTransitions)
+"""The types of the lifecycle services that only answer (get_transition_graph is a GetAvailableTransitions)."""
 
 
 def regroup_lifecycle_services(node: LifecycleNode, transitions: CallbackGroup,
@@ -18,24 +21,24 @@ def regroup_lifecycle_services(node: LifecycleNode, transitions: CallbackGroup,
 
     rclpy puts every lifecycle service in the node's default callback group, with the parameter
     services: a configure loading the engine for minutes would hold get_state and the parameters
-    unanswered. ChangeState is also guarded: rclpy raises an invalid transition's RCLError out of
-    the service callback, which would stop the executor.
+    unanswered. ChangeState is also guarded: rclpy raises an invalid transition's RCLError (a
+    RuntimeError) out of the service callback, which would stop the executor.
     """
     queries = MutuallyExclusiveCallbackGroup()
-    change_state_service = node._service_change_state  # noqa: SLF001 - rclpy offers no public way
-    for service in change_state_service, node._service_get_state, node._service_get_available_states, \
-            node._service_get_available_transitions, node._service_get_transition_graph:  # noqa: SLF001
-        group = transitions if service is change_state_service else queries
-        service.callback_group.entities.discard(weakref.ref(service))
-        service.callback_group = group
-        group.add_entity(service)
+    (change_state_service,) = (s for s in node.services if s.srv_type is ChangeState)
+    for service in node.services:
+        if service.srv_type is ChangeState or service.srv_type in LIFECYCLE_QUERIES:
+            group = transitions if service is change_state_service else queries
+            service.callback_group.entities.discard(weakref.ref(service))
+            service.callback_group = group
+            group.add_entity(service)
     change_state = change_state_service.callback
 
     def guarded_change_state(request: object, response: object) -> object:
         with transition_lock:
             try:
                 return change_state(request, response)
-            except _rclpy.RCLError as exc:
+            except RuntimeError as exc:
                 transition = request.transition.label or request.transition.id
                 node.get_logger().warning(f"refused lifecycle transition {transition!r}: {exc}")
                 response.success = False

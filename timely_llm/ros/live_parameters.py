@@ -1,10 +1,17 @@
 """Parameters set at run time: refused with the reason when they cannot apply now, else applied at once (live ones;
-configure-time ones wait for the next configure). Which is which: ``timely_llm.ros.parameters``."""
+configure-time ones wait for the next configure). Which is which: ``timely_llm.ros.parameters``.
+
+The apply runs once rclpy has set the values (a post-set callback, Iron and later). Humble has only the check
+callback, which runs before the values are set, once the descriptors (ranges, read-only) have passed: there the
+check, once it accepts, applies the new values itself. The apply reads the changed parameters from the list it is
+given, so both read the same values.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
@@ -24,8 +31,12 @@ class LiveParameters:
     def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, reporter: StatusReporter,
                  guarded: object) -> None:
         self._node, self._loop, self._ledger, self._desk, self._reporter = node, loop, ledger, desk, reporter
-        node.add_on_set_parameters_callback(self._check)
-        node.add_post_set_parameters_callback(guarded(self._apply))
+        apply = guarded(self._apply)
+        if hasattr(node, "add_post_set_parameters_callback"):
+            node.add_on_set_parameters_callback(self._check)
+            node.add_post_set_parameters_callback(apply)
+        else:  # Humble
+            node.add_on_set_parameters_callback(functools.partial(_check_then_apply, self._check, apply))
 
     def _check(self, params: list[Parameter]) -> SetParametersResult:
         """Refuse what cannot apply now, with the reason (see timely_llm/ros/parameters.py)."""
@@ -49,8 +60,13 @@ class LiveParameters:
         return ""
 
     def _apply(self, params: list[Parameter]) -> None:
-        """Apply live parameters (configure-time ones wait for the next configure)."""
-        names, param = {p.name for p in params}, self._node.param
+        """Apply live parameters (configure-time ones wait for the next configure): ``params`` the ones set."""
+        given = {p.name: p.value for p in params}
+        names = set(given)
+
+        def param(name: str) -> object:
+            return given[name] if name in given else self._node.param(name)
+
         if self._node.server is not None and (names & {"max_task_chars", "max_prompt_tokens"}
                                               or any(n.startswith("tuf.") for n in names)):
             self._desk.rules = dataclasses.replace(
@@ -64,6 +80,14 @@ class LiveParameters:
         if "policy" in names:
             self._loop.send(functools.partial(use_policy, POLICIES[param("policy")]))
         self._node.get_logger().info(f"parameters set: {', '.join(sorted(names))}")
+
+
+def _check_then_apply(check: Callable[[list[Parameter]], SetParametersResult],
+                      apply: Callable[[list[Parameter]], None], params: list[Parameter]) -> SetParametersResult:
+    result = check(params)
+    if result.successful:
+        apply(params)
+    return result
 
 
 def _serving_mode(policy: ServingPolicy) -> tuple[bool, bool, bool]:

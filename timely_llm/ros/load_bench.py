@@ -74,8 +74,8 @@ class NodeProcess:
 
 @contextmanager
 def node_process(domain_id: int, **params: object) -> Iterator[NodeProcess]:
-    """The node on ``domain_id`` with parameter overrides, its output in a log file."""
-    overrides = [arg for k, v in params.items() for arg in ("-p", f"{k}:={v}")]
+    """The node on the sim engine and ``domain_id`` with parameter overrides, its output in a log file."""
+    overrides = [arg for k, v in {"engine": "sim", **params}.items() for arg in ("-p", f"{k}:={v}")]
     env = os.environ | {"ROS_DOMAIN_ID": str(domain_id)}
     log_fd, log = tempfile.mkstemp(prefix="timely-llm-load-node-", suffix=".log")
     with os.fdopen(log_fd, "w") as log_file:

@@ -43,7 +43,6 @@ from contextlib import contextmanager
 
 import rclpy
 import rclpy.executors
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.context import Context
 from rclpy.exceptions import InvalidHandle, InvalidParameterValueException
@@ -58,6 +57,7 @@ from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
 from timely_llm.engines.remote_settings import parameters as remote_parameters
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
+from timely_llm.engines.vllm_args import shipped_parameters
 from timely_llm.errors import ConfigError
 from timely_llm.ros.engine_loader import EngineLoader
 from timely_llm.ros.goal_desk import GoalDesk, await_settled
@@ -65,7 +65,7 @@ from timely_llm.ros.goals import GoalRules
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.lifecycle_services import regroup_lifecycle_services
 from timely_llm.ros.live_parameters import LiveParameters
-from timely_llm.ros.parameters import descriptor
+from timely_llm.ros.parameters import CONFIGURE_TIME_PREFIXES, descriptor
 from timely_llm.ros.robot_reports import RobotReports
 from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.ros.status import StatusReporter
@@ -88,33 +88,76 @@ RESULT_FLUSH_S = 0.3
 START_TIMEOUT_S = 1800.0
 """wait_active's default: a vLLM engine start takes minutes on a CPU."""
 
+SHIPPED = object()
+"""The default of a parameter that the shipped params file sets: that file's value, so the node run without a
+params file serves what the launch file serves (config/timely_llm.yaml is the one source)."""
+
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
-    "engine": ("sim", "sim (calibrated simulator, needs trace_id goals), vllm (embedded; the shipped params file's) "
-                      "or remote (OpenAI-compatible servers at remote.url)"),
-    "model": ("smollm2", "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model), a directory "
-                         "or a Hugging Face model id"),
-    "kv_cache_gib": (1.0, "engine vllm: KV cache size in GiB; 0 = vLLM sizes it (vllm.gpu_memory_utilization)"),
-    "hw_profile": ("rtx4090-llama3-8b", "hardware profile name or YAML file for engine sim"),
+    "engine": (SHIPPED, "vllm (embedded vLLM), sim (calibrated simulator, needs trace_id goals) "
+                       "or remote (OpenAI-compatible servers at remote.url)"),
+    "model": (SHIPPED, "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model), a directory "
+                       "or a Hugging Face model id"),
+    "kv_cache_gib": (SHIPPED, "engine vllm: KV cache size in GiB; 0 = vLLM sizes it (vllm.gpu_memory_utilization)"),
+    "hw_profile": (SHIPPED, "hardware profile name or YAML file for engine sim"),
     "estimator_profile": ("", "features timebill, deferred_prefill and ala's prior: the engine's step-time profile "
                               "(name or YAML file from timely-llm profile); empty = hw_profile on sim, the shipped "
                               "SmolLM2 fit on vllm"),
-    "skill_models": (Parameter.Type.STRING_ARRAY, "skill-model YAML files; empty = the shipped ones"),
-    "policy": ("timelyllm", f"serving policy: {', '.join(POLICIES)}"),
+    "skill_models": (SHIPPED, "skill-model YAML files; empty = the shipped ones"),
+    "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)}"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
-    "max_batch": (0, "maximum batch size; 0 = the policy's default"),
-    "network_latency": (0.008, "one-way robot<->server latency in seconds"),
+    "max_batch": (SHIPPED, "maximum batch size; 0 = the policy's default"),
+    "network_latency": (SHIPPED, "one-way robot<->server latency in seconds"),
     "max_task_chars": (2000, "goals whose task text is longer are rejected"),
-    "max_prompt_tokens": (1792, "goals whose prompt is longer are rejected (vllm: + max_new_tokens <= max_model_len)"),
+    "max_prompt_tokens": (SHIPPED, "goals whose prompt is longer are rejected (vllm: + max_new_tokens <= "
+                                   "max_model_len)"),
     "max_new_tokens": (DEFAULT_MAX_NEW_TOKENS, "default cap on a plan's tokens"),
-    "segment_timeout_factor": (3.0, "a segment times out after factor x its estimated execution time ..."),
-    "segment_timeout_margin": (5.0, "... plus this many seconds"),
-    "status_period": (1.0, "seconds between ServerStatus messages"),
+    "segment_timeout_factor": (SHIPPED, "a segment times out after factor x its estimated execution time ..."),
+    "segment_timeout_margin": (SHIPPED, "... plus this many seconds"),
+    "status_period": (SHIPPED, "seconds between ServerStatus messages"),
     "result_timeout": (10.0, "seconds an ended goal's result stays available to result requests (ROS: 900)"),
     **remote_parameters(),
     **{f"tuf.{c}.{k}": (v, f"default TUF {k} for {c} goals that give none")
        for c, tuf in DEFAULT_TUFS.items() for k, v in tuf.to_dict().items()},
 }
+
+
+def parameter_defaults() -> dict[str, object]:
+    """Each parameter's default: the shipped params file's value where it sets one (an engine's section, e.g.
+    ``vllm:``, as ``vllm.<field>``), else the code's (``PARAMETERS``)."""
+    try:
+        shipped = shipped_parameters()
+    except OSError as exc:  # an installation without its share/timely_llm/config
+        raise NodeStartError(f"no shipped params file: {exc.filename}: {exc.strerror}") from exc
+    engine_args = {f"{prefix}{k}": v for prefix in CONFIGURE_TIME_PREFIXES
+                   for k, v in (shipped.pop(prefix.rstrip("."), None) or {}).items()}
+    missing = [name for name, (default, _) in PARAMETERS.items() if default is SHIPPED and name not in shipped]
+    unknown = sorted(set(shipped) - set(PARAMETERS))
+    if missing or unknown:  # an installation whose params file and code disagree
+        raise NodeStartError(f"the shipped config/timely_llm.yaml lacks {missing} or has unknown {unknown}")
+    return {name: shipped.get(name, default) for name, (default, _) in PARAMETERS.items()} | engine_args
+
+
+def _engine_description(name: str) -> str:
+    return "vLLM engine argument (EngineArgs field)" if name.startswith(VLLM_PREFIX) else "engine parameter"
+
+
+def _transition(during: str, success: str, failure: str) -> Callable:
+    """A transition callback that keeps the node's ``lifecycle_state``: ``during`` while it runs, then the state its
+    result leads to (rclpy offers no public way to read the state machine's)."""
+    def wrap(callback: Callable) -> Callable:
+        @functools.wraps(callback)
+        def run(node: TimelyLlmNode, state: LifecycleState) -> TransitionCallbackReturn:
+            node._state = during
+            result = TransitionCallbackReturn.ERROR
+            try:
+                result = callback(node, state)
+            finally:
+                node._state = {TransitionCallbackReturn.SUCCESS: success,
+                               TransitionCallbackReturn.FAILURE: failure}.get(result, "errorprocessing")
+            return result
+        return run
+    return wrap
 
 
 class NodeStartError(RuntimeError):
@@ -126,6 +169,7 @@ class TimelyLlmNode(LifecycleNode):
 
     def __init__(self, **node_kwargs: object) -> None:
         super().__init__("timely_llm_server", **node_kwargs)
+        self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
         self.clock = WallClock()
         self.server: Server | None = None
@@ -179,18 +223,21 @@ class TimelyLlmNode(LifecycleNode):
         return run
 
     def _declare_parameters(self) -> None:
-        """The node's parameters, and each ``vllm.<field>`` given (params file, ``-p``, launch): any vLLM EngineArgs
-        field, checked by vLLM at configure, so which ones exist is vLLM's to say. (rclpy keeps the overrides in
-        ``_parameter_overrides``; its public alternative would declare every override, not only these.)"""
-        for name, (default, description) in PARAMETERS.items():
+        """The node's parameters (defaults: ``parameter_defaults``), and each engine parameter given (params file,
+        ``-p``, launch) under an engine's prefix (``ENGINE_PREFIXES``): a ``vllm.<field>`` may be any vLLM EngineArgs
+        field, checked by vLLM at configure, so which ones exist is vLLM's to say; one of an engine the node does not
+        run fails configure. (rclpy keeps the overrides in ``_parameter_overrides``; its public alternative would
+        declare every override, not only these.)"""
+        self.defaults = parameter_defaults()
+        for name, default in self.defaults.items():
+            description = PARAMETERS[name][1] if name in PARAMETERS else _engine_description(name)
             try:
-                self.declare_parameter(name, default, descriptor(name, description))
+                self.declare_parameter(name, default, descriptor(name, description, dynamic=name not in PARAMETERS))
             except InvalidParameterValueException as exc:
                 raise NodeStartError(f"parameter {name}: {exc}") from exc
         for name, parameter in self._parameter_overrides.items():
-            if name.startswith(VLLM_PREFIX):
-                self.declare_parameter(name, parameter.value, ParameterDescriptor(
-                    description="vLLM engine argument (EngineArgs field)", dynamic_typing=True))
+            if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults:
+                self.declare_parameter(name, parameter.value, descriptor(name, _engine_description(name), dynamic=True))
 
     def _check_skill_models(self) -> None:
         """With no skill_models given, the installation must ship some: else no restart could help."""
@@ -256,10 +303,11 @@ class TimelyLlmNode(LifecycleNode):
     @property
     def lifecycle_state(self) -> str:
         """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
-        return self._state_machine.current_state[1]
+        return self._state
 
     # ----- lifecycle -----
 
+    @_transition("configuring", "inactive", "unconfigured")
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Load the engine in a thread of its own and wait for it here (off the executor: see the module)."""
         try:
@@ -283,12 +331,14 @@ class TimelyLlmNode(LifecycleNode):
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
 
+    @_transition("activating", "active", "inactive")
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._desk.serving = True
         self.phase = "active: accepting goals"
         self.get_logger().info(self.phase)
         return super().on_activate(state)
 
+    @_transition("deactivating", "inactive", "active")
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Stop taking goals and abort those in flight, "server deactivated": a deactivate must answer at once,
         and draining could take as long as the robots take to execute their plans."""
@@ -296,11 +346,13 @@ class TimelyLlmNode(LifecycleNode):
         self.phase = "inactive: configured, not accepting goals"
         return super().on_deactivate(state)
 
+    @_transition("cleaningup", "unconfigured", "inactive")
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._release_later()
         self.phase = "unconfigured"
         return TransitionCallbackReturn.SUCCESS
 
+    @_transition("shuttingdown", "finalized", "finalized")
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Abort what is in flight ("server shutting down"); a thread waits for the results to go out, releases
         the engine and sets ``finalized`` (the transition itself waits for nothing)."""
@@ -310,6 +362,7 @@ class TimelyLlmNode(LifecycleNode):
         threading.Thread(target=self._finalize, name="timely_llm_finalize", daemon=True).start()
         return TransitionCallbackReturn.SUCCESS
 
+    @_transition("errorprocessing", "unconfigured", "finalized")
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_serving("server error")
         self._release_later()

@@ -13,7 +13,7 @@ Three kinds, by name:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.parameter import Parameter
@@ -22,8 +22,13 @@ READ_ONLY = frozenset({"autostart", "result_timeout"})
 LIVE = frozenset({"policy", "max_task_chars", "max_prompt_tokens", "max_new_tokens", "segment_timeout_factor",
                   "segment_timeout_margin", "status_period"})
 LIVE_PREFIXES = ("tuf.",)
-CONFIGURE_TIME_PREFIXES = ("vllm.", "remote.")
-"""Every engine parameter under ``vllm.`` and ``remote.``: the engine is built at configure."""
+ENGINE_PREFIXES = {
+    "vllm": "vllm.",
+    "remote": "remote.",
+}
+"""Each engine's own parameters, by name prefix: configure-time (the engine is built at configure), and refused at
+configure on a node whose engine is another (``foreign_engine_parameters``)."""
+CONFIGURE_TIME_PREFIXES = tuple(ENGINE_PREFIXES.values())
 
 _FLOAT_RANGES = {
     "kv_cache_gib": (0.01, 4096.0),
@@ -54,13 +59,15 @@ def when_applied(name: str) -> str:
     return "configure-time"
 
 
-def descriptor(name: str, description: str) -> ParameterDescriptor:
-    """The parameter's descriptor: its description, when a change applies, its range where it has one."""
+def descriptor(name: str, description: str, dynamic: bool = False) -> ParameterDescriptor:
+    """The parameter's descriptor: its description, when a change applies, its range where it has one; ``dynamic``:
+    its type may change (an engine argument, whose type is its engine's to check)."""
     kind = when_applied(name)
     note = {"read-only": "read-only: fixed when the node starts",
             "live": "live: a change applies at once",
             "configure-time": "configure-time: set it while the node is unconfigured; applies at configure"}[kind]
-    d = ParameterDescriptor(description=description, additional_constraints=note, read_only=kind == "read-only")
+    d = ParameterDescriptor(description=description, additional_constraints=note, read_only=kind == "read-only",
+                            dynamic_typing=dynamic)
     low_high = _FLOAT_RANGES.get(name) or (_TUF_RANGES.get(name.rsplit(".", 1)[-1]) if name.startswith("tuf.")
                                            else None)
     if low_high:
@@ -80,3 +87,21 @@ def refuse_while_configured(params: Iterable[Parameter], state: str) -> SetParam
     return SetParametersResult(successful=False, reason=(
         f"{', '.join(fixed)}: configure-time, read when the node is configured (now {state}); deactivate and "
         f"clean up the node, set it, then configure again"))
+
+
+def foreign_engine_parameters(engine: str, values: Mapping[str, object], defaults: Mapping[str, object]) -> list[str]:
+    """The parameters in ``values`` that belong to an engine other than ``engine`` and are set to other than their
+    default (one without a default: set at all)."""
+    return sorted(name for name, value in values.items()
+                  for owner, prefix in ENGINE_PREFIXES.items()
+                  if owner != engine and name.startswith(prefix) and (name not in defaults or value != defaults[name]))
+
+
+def foreign_engine_refusal(engine: str, names: list[str]) -> str:
+    """One line: why a configure on ``engine`` refuses the parameters ``names`` of other engines."""
+    owners = {name: owner for name in names for owner, prefix in ENGINE_PREFIXES.items() if name.startswith(prefix)}
+    if len(names) == 1:
+        return (f"parameter {names[0]} is for engine {owners[names[0]]}, and this node's engine is {engine}: remove it "
+                f"or set engine to {owners[names[0]]}")
+    listed = ", ".join(f"{name} (engine {owners[name]})" for name in names)
+    return f"parameters {listed} are for other engines than this node's, {engine}: remove them or set the engine"
