@@ -1,4 +1,5 @@
-"""A blocking call on the embedded vLLM engine (tiny model): the robot's value is forced into the context
+"""A blocking call on the embedded vLLM engine (SmolLM2: the tiny random model cannot write a plan in a
+grammar of skill names): the robot's value is forced into the context
 exactly, the grammar-constrained plan goes on after it, and the resume prefills only the observation and
 the partial block."""
 
@@ -36,7 +37,7 @@ ROBOT = {
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmEngine]:
-    eng = VllmEngine(max_model_len=1024, kv_cache_gib=0.02, max_num_seqs=4)
+    eng = VllmEngine("smollm2", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=4)
     yield eng
     eng.close()
 
@@ -68,7 +69,7 @@ def test_the_value_is_forced_into_the_context_and_the_plan_grammar_goes_on_after
     server = Server(engine, {"looker": robot}, POLICIES["timelyllm"], clock, 0.0, None, on_segment=on_segment,
                     on_finish=lambda r: ended.append(Outcome.of(r)))
     prompt = engine.tokenizer.encode(robot.prompt_text("Find the keys, then the wallet."))
-    driver.arrive(PlanRequest("r", "a", "looker", prompt, NORMAL_TUF, max_new_tokens=30, arrival=0.0))
+    driver.arrive(PlanRequest("r", "a", "looker", prompt, NORMAL_TUF, max_new_tokens=24, arrival=0.0))
     driver.run(server)
 
     outcome = ended[0]
@@ -80,7 +81,7 @@ def test_the_value_is_forced_into_the_context_and_the_plan_grammar_goes_on_after
     assert all(s.gen_start >= seen["reported_at"] for s in outcome.segments[1:])
     # the resume's context holds the observation's exact ids right after the call, marked as not sampled
     obs_ids = engine.tokenizer.encode_continuation(observation)
-    resume = starts[-1]
+    resume = next(spec for spec in starts if spec.observed)  # the first start after the report
     at = len(seen["ids_at_report"])
     assert resume.output_ids == [*seen["ids_at_report"], *obs_ids] and resume.observed == ((at, at + len(obs_ids)),)
     assert outcome.plan.startswith(first.text + observation)

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub.add_parser("sweep", help="load map: policies x hardware x batch caps x agents, one JSON"))
     _add_ablation(sub.add_parser("ablation", help="scheduler parts each alone, all and none, on chosen points"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
+    _add_closed_loop(sub.add_parser("closed-loop-bench", help="closed-loop plans (blocking skills): the waiting "
+                                    "queue vs a new request per step (ReAct re-send) vs open-loop, on the simulator"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
     _add_loop_cost(sub.add_parser("loop-cost", help="the server loop's own CPU per step, per token and per resume, "
                                                      "the engine left out"))
@@ -550,6 +552,53 @@ def _table(args: argparse.Namespace) -> int:
     benches = [r for r in results if not sweep.is_sweep(r) and not ablation.is_ablation(r)]
     if benches:
         print(markdown_table(benches))
+    return 0
+
+
+def _add_closed_loop(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation import closed_loop
+
+    p.description = closed_loop.__doc__.split("\n\n", 1)[1]
+    p.add_argument("--hw", nargs="+", default=["rtx4090-llama3-8b", "cpu-2core-smollm2-135m"],
+                   help="simulator hardware profiles, names or YAML files (default rtx4090-llama3-8b "
+                        "cpu-2core-smollm2-135m)")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the arrivals, times and values (default 0)")
+    p.add_argument("--events-per-second", type=_positive_float, default=0.5,
+                   help="Poisson events (1..8 tasks each) per second over 240 s (default 0.5)")
+    p.add_argument("--robots", type=_positive_int, default=40, help="robots, each running one task at a time "
+                                                                     "(default 40)")
+    p.add_argument("--suspend-in-place", action="store_true", help=SUSPEND_IN_PLACE_HELP)
+    p.add_argument("--out", default=None, type=_out_file, help="also write every task's figures as JSON")
+    p.set_defaults(run=_closed_loop)
+
+
+def _closed_loop(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import load_profile
+    from timely_llm.evaluation.closed_loop import MODES, run_mode, summarize_tasks
+    from timely_llm.evaluation.harness import EngineSetup
+    from timely_llm.evaluation.metrics import fmt_metric as fmt
+    from timely_llm.workloads.closed_loop import load_closed_loop
+
+    tasks = load_closed_loop()
+    workload = tasks.workload(args.seed, args.events_per_second, agents=args.robots)
+    results = []
+    print("hw                                   mode           category  tasks   ok  utility  step_util  response  "
+          "step_resp  step_p95  prefill/resume  completion")
+    for hw in args.hw:
+        setup = EngineSetup.simulator(load_profile(hw), args.suspend_in_place)
+        for mode in MODES:
+            records = run_mode(mode, tasks, workload, setup, args.seed)
+            summary = summarize_tasks(records)
+            results.append({"hw": setup.name, "mode": mode, "summary": summary,
+                            "tasks": [dataclasses.asdict(r) | {"tuf": r.tuf.to_dict()} for r in records]})
+            for category, s in summary.items():
+                print(f"{setup.name:36s} {mode:14s} {category:8s} {s['tasks']:6d} {s['succeeded']:4d} "
+                      f"{fmt(s['utility']):>8s} {fmt(s['step_utility']):>10s} {fmt(s['response']):>9s} "
+                      f"{fmt(s['step_response']):>10s} {fmt(s['step_response_p95']):>9s} "
+                      f"{fmt(s['prefill_per_resume']):>15s} {fmt(s['completion']):>11s}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"seed": args.seed, "workload": workload.name, "results": results},
+                                             indent=1))
     return 0
 
 
