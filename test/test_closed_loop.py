@@ -207,3 +207,25 @@ def test_a_robot_that_never_answers_is_ended_by_the_watchdog_and_the_others_go_o
     assert ended["silent"].status is Status.ABORTED
     assert reason == "robot silent for 10.0 s (watchdog) (its plan was waiting for the value of look_for('cup'))"
     assert not server.scheduler.blocked and not server.requests
+
+
+def test_a_value_reported_before_the_engine_suspended_the_generation_resumes_it_in_order() -> None:
+    engine = SimEngine(load_profile("rtx4090-llama3-8b"), suspends_in_place=True)
+    ended: dict[str, Outcome] = {}
+    server = Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), LATENCY, None,
+                    on_segment=lambda r, s: None, on_finish=lambda r: ended.__setitem__(r.id, Outcome.of(r)))
+    tok = engine.tokenizer
+    request = server.submit(PlanRequest("r", "r", "mobile_base", tok.encode(MOBILE.prompt_text("find the cup")),
+                                        NORMAL_TUF, forced_ids=tok.encode(PLAN)))
+    while request.status is not Status.BLOCKED:
+        server.step()
+    assert "r" in engine.running_ids()  # suspended only at the next scheduling point
+    for segment in request.segments:  # the robot answers at once, before any scheduling point
+        server.segment_done("r", segment.index, 0.0, 0.0, result=VALUE)
+    assert request.status is Status.SUSPENDED
+    while request.status is not Status.GENERATED:
+        server.step()
+    for segment in request.segments:
+        server.segment_done("r", segment.index, 0.0, 0.0)
+    assert ended["r"].status is Status.SUCCEEDED
+    assert ended["r"].plan == f"go_to('kitchen');look_for('cup'); # {VALUE}\nsay('I found the cup.');go_to('dock');"

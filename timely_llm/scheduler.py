@@ -65,7 +65,7 @@ class Scheduler:
         """Generations Amin suspended whose resume prefill is still to count as recomputed."""
         self.blocked: dict[str, Request] = {}
         """Generations waiting for the value of the blocking call their last segment ended with."""
-        self._blocking: list[Request] = []
+        self._blocking: dict[str, Request] = {}
         """Blocked since the last scheduling point: still to suspend in the engine."""
         self._out = SchedulerOutput()
         self._kv_view: KvView | None = None
@@ -80,7 +80,7 @@ class Scheduler:
         generations are suspended first when the next step's KV would not fit (core/admission.py).
         """
         self._out, self._kv_view = SchedulerOutput(), None
-        for request in self._blocking:
+        for request in self._blocking.values():
             self._call(Call.SUSPEND, request)
         self._blocking.clear()
         reserved = self._evict_on_overflow()
@@ -193,7 +193,7 @@ class Scheduler:
         request.advance(Status.BLOCKED)
         del self.running[request.id]
         self.blocked[request.id] = request
-        self._blocking.append(request)
+        self._blocking[request.id] = request
 
     def observed(self, request: Request) -> None:
         """BLOCKED -> SUSPENDED: its observation was appended; queued again for its next segment."""
@@ -244,6 +244,5 @@ class Scheduler:
             del self.parked[request.id]
         elif came_from is Status.BLOCKED:
             del self.blocked[request.id]
-            if request in self._blocking:  # never suspended: the engine releases it running
-                self._blocking.remove(request)
+            self._blocking.pop(request.id, None)  # not suspended yet: the engine releases it running
         return came_from
