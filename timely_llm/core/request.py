@@ -136,8 +136,18 @@ class Segment:
 
 
 def call_text(call: SkillCall | None) -> str | None:
-    """A call as a plan would write it (for reasons and records)."""
-    return None if call is None else f"{call.name}({','.join(repr(a) for a in call.args)})"
+    """A call as a plan would write it, names quoted (for reasons and records)."""
+    if call is None:
+        return None
+    return f"{call.name}({','.join(a if _is_number(a) else repr(a) for a in call.args)})"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
