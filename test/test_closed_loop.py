@@ -123,15 +123,18 @@ class Robots:
         self.driver.at(end + LATENCY, report)
 
 
+Served = tuple[Server, SimEngine, "Robots", dict[str, Outcome]]
+
+
 def serve(plans: list[tuple[str, str, str]], values: dict[str, str | None], in_place: bool = False,
-          until: float | None = None) -> tuple[Server, SimEngine, Robots, dict[str, Outcome]]:
+          until: float | None = None, policy: str = "timelyllm") -> Served:
     """Serve ``(id, robot, plan)`` requests on the simulator, robots answering with ``values``."""
     engine = SimEngine(load_profile("rtx4090-llama3-8b"), suspends_in_place=in_place)
     clock = VirtualClock()
     driver = Driver(clock)
     robots = Robots(driver, values)
     ended: dict[str, Outcome] = {}
-    server = Server(engine, SKILLS, POLICIES["timelyllm"], clock, LATENCY, None, on_segment=robots.on_segment,
+    server = Server(engine, SKILLS, POLICIES[policy], clock, LATENCY, None, on_segment=robots.on_segment,
                     on_finish=lambda r: ended.__setitem__(r.id, Outcome.of(r)))
     tok = engine.tokenizer
     for i, (rid, robot, plan) in enumerate(plans):
@@ -144,9 +147,9 @@ def serve(plans: list[tuple[str, str, str]], values: dict[str, str | None], in_p
     return server, engine, robots, ended
 
 
-@pytest.mark.parametrize("in_place", [False, True])
-def test_the_next_segment_is_generated_after_the_report_from_the_observation(in_place: bool) -> None:
-    server, engine, robots, ended = serve([("r", "mobile_base", PLAN)], {"r": VALUE}, in_place)
+@pytest.mark.parametrize(("in_place", "policy"), [(False, "timelyllm"), (True, "timelyllm"), (True, "vllm-stream")])
+def test_the_next_segment_is_generated_after_the_report_from_the_observation(in_place: bool, policy: str) -> None:
+    server, engine, robots, ended = serve([("r", "mobile_base", PLAN)], {"r": VALUE}, in_place, policy=policy)
     outcome = ended["r"]
     assert outcome.status is Status.SUCCEEDED, outcome.reason
     assert [s.text for s in outcome.segments] == ["go_to('kitchen');", "look_for('cup');", "say('I found the cup.');",
