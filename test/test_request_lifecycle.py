@@ -95,7 +95,8 @@ def test_every_request_walks_the_diagram_and_leaves_nothing_behind(policy: str) 
 def test_cancel_in_any_live_status_frees_queue_batch_and_engine(stop_in: Status) -> None:
     server, _, engine, ended = new_server("timelyllm", max_batch=2)
     requests = [server.submit(plan(engine, f"c{i}", t)) for i, t in enumerate(multi_segment_traces())]
-    for _ in range(10_000):  # robot reports are not delivered, so GENERATED lasts
+    requests.append(server.submit(blocking_plan(engine, "look")))
+    for _ in range(10_000):  # robot reports are not delivered, so GENERATED and BLOCKED last
         target = next((r for r in requests if r.status is stop_in), None)
         if target is not None:
             break
@@ -104,6 +105,7 @@ def test_cancel_in_any_live_status_frees_queue_batch_and_engine(stop_in: Status)
     assert server.cancel(target.id, "test")
     assert target.status is Status.CANCELED and target.reason == "test" and ended == [target]
     assert target.id not in server.running and target.id not in server.parked and target.id not in server.queue
+    assert target.id not in server.scheduler.blocked
     with pytest.raises(KeyError):
         engine.release(target.id)
     assert not server.cancel(target.id)  # a second cancel finds nothing live and changes nothing
@@ -111,7 +113,16 @@ def test_cancel_in_any_live_status_frees_queue_batch_and_engine(stop_in: Status)
     for _ in range(10_000):  # the others are unaffected: they all get their plans generated
         if not server.step():
             break
-    assert all(r.status is Status.GENERATED for r in requests if r is not target)
+    waiting = {"look": Status.BLOCKED}  # its robot's value never comes
+    assert all(r.status is waiting.get(r.id, Status.GENERATED) for r in requests if r is not target)
+
+
+def blocking_plan(engine: SimEngine, rid: str) -> PlanRequest:
+    """A mobile base's plan whose second segment waits for the value of look_for."""
+    tok = engine.tokenizer
+    prompt = tok.encode(SKILLS["mobile_base"].prompt_text("Scene: [kitchen, cup], Task: find the cup."))
+    return PlanRequest(rid, rid, "mobile_base", prompt, NORMAL_TUF,
+                       forced_ids=tok.encode("go_to('kitchen');look_for('cup');say('Found it.');"))
 
 
 def test_a_queue_row_is_updated_in_place() -> None:

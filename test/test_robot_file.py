@@ -199,8 +199,9 @@ def test_the_simulated_mobile_base_runs_every_worked_example_of_its_file() -> No
 def test_the_simulated_mobile_base_looks_follows_and_refuses_like_a_base_on_a_map() -> None:
     base = SimulatedMobileBase(WORLD)
     base.dispatch("go_to", ["kitchen"])
-    assert base.dispatch("look_for", ["open_fridge_door"]) is True
-    assert base.dispatch("look_for", ["alice"]) is False
+    assert base.dispatch("look_for", ["open_fridge_door"]) == "here, at kitchen"
+    assert base.dispatch("look_for", ["alice"]) == "not here"
+    assert base.execute_calls([("look_for", ["open_fridge_door"])]).last_value == "here, at kitchen"
     with pytest.raises(SkillFailed, match="alice is not at kitchen"):
         base.dispatch("follow", ["alice", 10])
     with pytest.raises(SkillFailed, match="no place 'garage' on the map"):

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub.add_parser("sweep", help="load map: policies x hardware x batch caps x agents, one JSON"))
     _add_ablation(sub.add_parser("ablation", help="scheduler parts each alone, all and none, on chosen points"))
     _add_workload(sub.add_parser("workload", help="write a generated workload to JSON"))
+    _add_closed_loop(sub.add_parser("closed-loop-bench", help="closed-loop plans (blocking skills): the waiting "
+                                    "queue vs a new request per step (ReAct re-send) vs open-loop, on the simulator"))
     _add_sched(sub.add_parser("sched-overhead", help="time per scheduling decision vs queue length"))
     _add_loop_cost(sub.add_parser("loop-cost", help="the server loop's own CPU per step, per token and per resume, "
                                                      "the engine left out"))
@@ -562,6 +564,76 @@ def _table(args: argparse.Namespace) -> int:
     if benches:
         print(markdown_table(benches))
     return 0
+
+
+def _add_closed_loop(p: argparse.ArgumentParser) -> None:
+    from timely_llm.evaluation import closed_loop
+
+    p.description = closed_loop.__doc__.split("\n\n", 1)[1]
+    from timely_llm.evaluation.closed_loop import MODES
+
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                   help="sim: the simulator on a virtual clock (default); vllm: embedded vLLM on the wall clock, "
+                        "robots executing in real time (run one mode per command: modes share the engine's "
+                        "prefix cache)")
+    p.add_argument("--model", default=None, type=_model_dir, help="vllm: the model (default smollm2)")
+    p.add_argument("--hw", nargs="+", default=["rtx4090-llama3-8b", "cpu-2core-smollm2-135m"],
+                   help="sim: hardware profiles, names or YAML files (default rtx4090-llama3-8b "
+                        "cpu-2core-smollm2-135m)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help=f"default: {' '.join(MODES)}")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the arrivals, times and values (default 0)")
+    p.add_argument("--events-per-second", type=_positive_float, default=0.5,
+                   help="Poisson events (1..8 tasks each) per second (default 0.5)")
+    p.add_argument("--duration", type=_positive_float, default=240.0, help="seconds of arrivals (default 240)")
+    p.add_argument("--robots", type=_positive_int, default=40, help="robots, each running one task at a time "
+                                                                     "(default 40)")
+    p.add_argument("--suspend-in-place", action="store_true", help=SUSPEND_IN_PLACE_HELP)
+    p.add_argument("--out", default=None, type=_out_file, help="also write every task's figures as JSON")
+    p.set_defaults(run=_closed_loop)
+
+
+def _closed_loop(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.closed_loop import run_mode, summarize_tasks
+    from timely_llm.evaluation.metrics import fmt_metric as fmt
+    from timely_llm.workloads.closed_loop import load_closed_loop
+
+    tasks = load_closed_loop()
+    workload = tasks.workload(args.seed, args.events_per_second, agents=args.robots, duration=args.duration)
+    results = []
+    print("hw                                   mode           category  tasks   ok  utility  step_util  response  "
+          "step_resp  step_p95  prefill/resume  completion")
+    for setup in _closed_loop_setups(args):
+        for mode in args.modes:
+            records = run_mode(mode, tasks, workload, setup, args.seed)
+            summary = summarize_tasks(records)
+            results.append({"hw": setup.name, "mode": mode, "summary": summary,
+                            "tasks": [dataclasses.asdict(r) | {"tuf": r.tuf.to_dict()} for r in records]})
+            for category, s in summary.items():
+                print(f"{setup.name:36s} {mode:14s} {category:8s} {s['tasks']:6d} {s['succeeded']:4d} "
+                      f"{fmt(s['utility']):>8s} {fmt(s['step_utility']):>10s} {fmt(s['response']):>9s} "
+                      f"{fmt(s['step_response']):>10s} {fmt(s['step_response_p95']):>9s} "
+                      f"{fmt(s['prefill_per_resume']):>15s} {fmt(s['completion']):>11s}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"seed": args.seed, "workload": workload.name, "results": results},
+                                             indent=1))
+    return 0
+
+
+def _closed_loop_setups(args: argparse.Namespace) -> list:
+    """The simulator on each --hw profile, or one embedded vLLM engine."""
+    from timely_llm.engines.hardware import estimator_profile, load_profile
+    from timely_llm.evaluation.harness import EngineSetup
+
+    if args.engine == "sim":
+        if args.model is not None:
+            raise ConfigError("--model", None, "applies to --engine vllm only")
+        return [EngineSetup.simulator(load_profile(hw), args.suspend_in_place) for hw in args.hw]
+    if args.suspend_in_place:
+        raise ConfigError("--suspend-in-place", None, "applies to --engine sim (vLLM always suspends in place)")
+    model = args.model or DEFAULT_MODEL
+    _quiet_vllm_logging()
+    engine = _vllm_engine(model, [], seed=("--seed", args.seed), scheduling_policy=("--engine vllm", "fcfs"))
+    return [EngineSetup.real(f"vllm:{model}", engine, estimator_profile(None, "vllm", model, DEFAULT_HW))]
 
 
 def _add_sched(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,10 @@
-"""The scheduler: owns the queue, the running and parked sets and the transitions between them,
-and at each scheduling point returns what the engine must start, resume and suspend; it runs nothing.
+"""The scheduler: owns the queue, the running, parked and blocked sets and the transitions between
+them, and at each scheduling point returns what the engine must start, resume and suspend; it runs nothing.
+
+The blocked set is the paper's waiting queue (§8): a generation whose dispatched segment ends in a
+blocking call leaves the schedulable set, suspended in the engine (which keeps its KV in place while
+memory allows and gives it back to the prefix cache under pressure), until the robot reports the
+value; it then joins the queue again, its next segment's TUF counted from the report.
 
 A request's status and its place change together, here, in one method per transition of the state
 machine drawn in ``timely_llm.core.request``; the server loop applies the returned engine calls in
@@ -58,6 +63,10 @@ class Scheduler:
         self.counters = counters
         self.evicted: set[str] = set()
         """Generations Amin suspended whose resume prefill is still to count as recomputed."""
+        self.blocked: dict[str, Request] = {}
+        """Generations waiting for the value of the blocking call their last segment ended with."""
+        self._blocking: dict[str, Request] = {}
+        """Blocked since the last scheduling point: still to suspend in the engine."""
         self._out = SchedulerOutput()
         self._kv_view: KvView | None = None
 
@@ -71,6 +80,9 @@ class Scheduler:
         generations are suspended first when the next step's KV would not fit (core/admission.py).
         """
         self._out, self._kv_view = SchedulerOutput(), None
+        for request in self._blocking.values():
+            self._call(Call.SUSPEND, request)
+        self._blocking.clear()
         reserved = self._evict_on_overflow()
         self.times.join_running(self.running.values(), self.batch.max_batch)
         self.queue.token_time = self.times.token_time()
@@ -175,6 +187,21 @@ class Scheduler:
         self.parked[request.id] = request
         self.queue.push(request)
 
+    def block(self, request: Request) -> None:
+        """RUNNING -> BLOCKED: a segment ending in a blocking call was dispatched; out of the queue, suspended
+        at the next scheduling point (before any engine step: nothing past the call is generated)."""
+        request.advance(Status.BLOCKED)
+        del self.running[request.id]
+        self.blocked[request.id] = request
+        self._blocking[request.id] = request
+
+    def observed(self, request: Request) -> None:
+        """BLOCKED -> SUSPENDED: its observation was appended; queued again for its next segment."""
+        request.advance(Status.SUSPENDED)
+        del self.blocked[request.id]
+        request.seg_gen_start = None
+        self.queue.push(request)
+
     def _keep_running(self, request: Request) -> None:
         """PARKED -> RUNNING: picked at the next scheduling point, it goes on where it is."""
         request.advance(Status.RUNNING)
@@ -215,4 +242,7 @@ class Scheduler:
             del self.running[request.id]
         elif came_from is Status.PARKED:
             del self.parked[request.id]
+        elif came_from is Status.BLOCKED:
+            del self.blocked[request.id]
+            self._blocking.pop(request.id, None)  # not suspended yet: the engine releases it running
         return came_from

@@ -37,11 +37,18 @@ from timely_llm.core.overload import (
 from timely_llm.core.plan_stream import PlanStream
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
-from timely_llm.core.request import OverloadState, Request, Segment, Status
+from timely_llm.core.request import OverloadState, Request, Segment, Status, call_text
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.core.tuf import TUF
-from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine, EngineRejected, GenerationSpec, StepOutput
+from timely_llm.engines.base import (
+    DEFAULT_MAX_NEW_TOKENS,
+    Engine,
+    EngineRejected,
+    GenerationSpec,
+    ResumeInfo,
+    StepOutput,
+)
 from timely_llm.errors import RequestRejected
 from timely_llm.scheduler import Call, Scheduler, SchedulerOutput
 
@@ -189,8 +196,9 @@ class Server:
         return request
 
     def segment_done(self, request_id: str, index: int, exec_start: float, exec_end: float,
-                     success: bool = True, reason: str = "") -> None:
-        """A robot reports that it executed segment ``index`` (times on the server's clock)."""
+                     success: bool = True, reason: str = "", result: str | None = None) -> None:
+        """A robot reports that it executed segment ``index`` (times on the server's clock); ``result``: the
+        value of the blocking call the segment ended with (ignored for a segment that did not wait)."""
         with self.lock:
             request = self.requests.get(request_id)
             if (request is None or request.status.ended or index >= len(request.segments)
@@ -203,8 +211,28 @@ class Server:
                 return
             if index == len(request.segments) - 1:
                 self._set_prev_end(request, exec_end)
+            if request.status is Status.BLOCKED and index == len(request.segments) - 1:
+                self._observe(request, result)
             self._finish_if_done(request)
         self.clock.wake()
+
+    def _observe(self, request: Request, value: str | None) -> None:
+        """BLOCKED -> SUSPENDED: the value the plan waited for is written into its context as forced tokens
+        (never sampled) and it joins the queue again; a missing or too long value ends it (the reason then
+        names the call waited for, as ``_finish`` adds)."""
+        index, form = len(request.segments) - 1, request.robot.observation
+        if value is None:
+            self._finish(request, Status.ABORTED, f"robot reported segment {index} without a value")
+            return
+        observation = form.text(request.waits_for.name, value)
+        ids = self.engine.tokenizer.encode_continuation(observation)
+        if len(ids) > form.max_tokens:
+            self._finish(request, Status.ABORTED,
+                         f"the value reported for segment {index} is {len(ids)} tokens written out, more than "
+                         f"the {form.max_tokens} of {request.robot.robot}'s observation.max_tokens")
+            return
+        request.observe(observation, ids)
+        self.scheduler.observed(request)
 
     def cancel(self, request_id: str, reason: str = "canceled by client") -> bool:
         return self._end_live(request_id, Status.CANCELED, reason)
@@ -275,7 +303,8 @@ class Server:
     def _start(self, request: Request, resumed: bool) -> None:
         priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
         spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
-                              request.max_new_tokens, request.forced_ids, priority, request.grammar)
+                              request.max_new_tokens, request.forced_ids, priority, request.grammar,
+                              tuple(request.observed))
         try:
             self.engine.start(spec)
         except EngineRejected as exc:  # a resumed generation is still the engine's to release
@@ -320,6 +349,8 @@ class Server:
         records why it ended and tells ``on_finish``. ``in_engine``: whether the engine holds the
         generation, where its status cannot tell (a start the engine refused).
         """
+        if request.waits_for is not None and status is Status.ABORTED:
+            reason += f" (its plan was waiting for the value of {call_text(request.waits_for)})"
         came_from = self.scheduler.remove(request, status)
         request.reason = reason
         try:
@@ -336,6 +367,7 @@ class Server:
         for gen_id, info in out.started.items():
             if gen_id in self.running:
                 self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
+                _record_resume_prefill(self.running[gen_id], info)
             if gen_id in self.scheduler.evicted:  # Amin's eviction costs what its resume prefills again
                 self.scheduler.evicted.discard(gen_id)
                 self.counters["recomputed_tokens"] += info.context_tokens - info.cached_tokens
@@ -360,17 +392,21 @@ class Server:
         pieces, last = request.stream.push(request, tokens, finished)
         if finished:
             self._generated(request)
+        segment = None
         for i, piece in enumerate(pieces):
-            self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
+            segment = self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
         if finished:
             self._finish_if_done(request)
+        elif segment is not None and segment.waits_for is not None:
+            self.scheduler.block(request)
         elif pieces and self.policy.segmented:
             self.scheduler.park(request)
 
-    def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> None:
+    def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> Segment | None:
+        """Send ``text`` to the robot as the next segment; None when skip-next dropped it."""
         if request.overload.skip_current and text.strip():
             self._skip(request, now, final)
-            return
+            return None
         segment = request.cut_segment(text, now, self.network_latency, final)
         self.times.observe(request, segment.index, segment.tokens)
         self.memory.observe_segment(request.robot.robot, segment.tokens)
@@ -379,6 +415,7 @@ class Server:
         self.on_segment(request, segment)
         if request.overload.overrun != OVERRUN_NONE and not final:
             self.overload.watch_segment(request)
+        return segment
 
     def _skip(self, request: Request, now: float, final: bool) -> None:
         """Skip-next: the overrun segment is dropped; the next one's deadline counts from now."""
@@ -399,6 +436,13 @@ class Server:
     def _finish_if_done(self, request: Request) -> None:
         if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
             self._finish(request, Status.SUCCEEDED, "")
+
+
+def _record_resume_prefill(request: Request, info: ResumeInfo) -> None:
+    """The first (re)start after an observation: how much of the context the engine prefilled."""
+    last = request.segments[-1] if request.segments else None
+    if last is not None and last.observation is not None and last.resume_prefill is None:
+        last.resume_prefill = info.context_tokens - info.cached_tokens
 
 
 def _scheduler(engine: Engine, robots: dict[str, SkillModel], policy: ServingPolicy, features: Features,

@@ -41,7 +41,7 @@ class PlanStream:
 
     def _out_of_tokens(self, request: Request) -> bool:
         """No text can follow what was cut: the recorded plan or the token budget is used up."""
-        produced = len(request.output_ids)
+        produced = request.sampled_tokens
         budget_spent = produced >= request.max_new_tokens and request.grammar is None  # else it may close blocks
         plan_replayed = request.forced_ids is not None and produced >= len(request.forced_ids)
         return (budget_spent or plan_replayed) and not self.segmenter.pending.strip()
@@ -52,4 +52,4 @@ def _closing_grammar(request: Request) -> PlanGrammar | None:
     in part (its token budget ran out first); a whole replayed plan is dispatched as recorded."""
     if request.forced_ids is None:
         return request.grammar
-    return plan_grammar(request.robot) if len(request.output_ids) < len(request.forced_ids) else None
+    return plan_grammar(request.robot) if request.sampled_tokens < len(request.forced_ids) else None

@@ -15,9 +15,12 @@ refuses any move not drawn here::
                                  │  │  └────────────────────┤                  │
                                  ▼  │ picked again          ▼                  ▼
                                 PARKED ──passed over──► SUSPENDED            SUCCEEDED
-                                       (engine.suspend)
+                                       (engine.suspend)     ▲
+                                                            │ the robot reported the value:
+        RUNNING ──segment ending in a blocking call──► BLOCKED  its observation is appended
+                  dispatched (engine.suspend)
 
-        WAITING, RUNNING, PARKED, SUSPENDED or GENERATED
+        WAITING, RUNNING, PARKED, SUSPENDED, BLOCKED or GENERATED
             ──cancel / abort (robot failed or silent) / engine error or rejection──► CANCELED | ABORTED
 
 Where each status lives in the server (``Scheduler`` keeps status and place together):
@@ -29,6 +32,7 @@ WAITING    queue                nothing
 RUNNING    ``running``          in the batch
 PARKED     queue, ``parked``    still in the batch until the next scheduling point
 SUSPENDED  queue                suspended: its context cached for the resume
+BLOCKED    ``blocked``          suspended: its context cached for the resume
 GENERATED  ``Server.requests``  nothing (released)
 ended      ``Server.requests``  nothing
 =========  ===================  ===============================================
@@ -54,6 +58,7 @@ class Status(enum.Enum):
     RUNNING = "running"  # in the engine's batch
     PARKED = "parked"  # a segment was dispatched; queued, still in the engine until the next scheduling point
     SUSPENDED = "suspended"  # passed over after a segment; queued for resume
+    BLOCKED = "blocked"  # its last segment ended in a blocking call: out of the queue until the robot's value
     GENERATED = "generated"  # plan complete; robot still executing
     SUCCEEDED = "succeeded"
     ABORTED = "aborted"
@@ -71,16 +76,17 @@ class Status(enum.Enum):
     @property
     def in_engine(self) -> bool:
         """The engine holds the generation (running, or suspended with its context cached)."""
-        return self in (Status.RUNNING, Status.PARKED, Status.SUSPENDED)
+        return self in (Status.RUNNING, Status.PARKED, Status.SUSPENDED, Status.BLOCKED)
 
 
 ENDED = frozenset({Status.SUCCEEDED, Status.ABORTED, Status.CANCELED})
 _STOPS = {Status.ABORTED, Status.CANCELED}
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WAITING: frozenset({Status.RUNNING, *_STOPS}),
-    Status.RUNNING: frozenset({Status.PARKED, Status.SUSPENDED, Status.GENERATED, *_STOPS}),
+    Status.RUNNING: frozenset({Status.PARKED, Status.SUSPENDED, Status.BLOCKED, Status.GENERATED, *_STOPS}),
     Status.PARKED: frozenset({Status.RUNNING, Status.SUSPENDED, *_STOPS}),
     Status.SUSPENDED: frozenset({Status.RUNNING, *_STOPS}),
+    Status.BLOCKED: frozenset({Status.SUSPENDED, *_STOPS}),
     Status.GENERATED: frozenset({Status.SUCCEEDED, *_STOPS}),
     **{s: frozenset() for s in ENDED},
 }
@@ -111,14 +117,37 @@ class Segment:
     """Tokens generated for this segment."""
     predicted_gen_time: float | None = None
     """G(s) predicted when the segment's generation started (compare with gen_end - gen_start)."""
+    waits_for: SkillCall | None = None
+    """The blocking call the segment ends with: the plan goes on once the robot reports its value."""
+    observation: str | None = None
+    """The text written into the context after the segment: the value of ``waits_for``, in the robot's form."""
+    resume_prefill: int | None = None
+    """Tokens the engine prefilled to resume after ``observation`` (its cache report)."""
 
     def to_dict(self) -> dict:
+        closed_loop = {"waits_for": call_text(self.waits_for), "observation": self.observation,
+                       "resume_prefill": self.resume_prefill} if self.waits_for else {}
         return {
             "index": self.index, "text": self.text, "gen_start": self.gen_start, "gen_end": self.gen_end,
             "exec_start": self.exec_start, "exec_end": self.exec_end,
             "est_exec_time": self.est_exec_time, "cached_tokens": self.cached_tokens, "evicted": self.evicted,
-            "tokens": self.tokens, "predicted_gen_time": self.predicted_gen_time,
+            "tokens": self.tokens, "predicted_gen_time": self.predicted_gen_time, **closed_loop,
         }
+
+
+def call_text(call: SkillCall | None) -> str | None:
+    """A call as a plan would write it, names quoted (for reasons and records)."""
+    if call is None:
+        return None
+    return f"{call.name}({','.join(a if _is_number(a) else repr(a) for a in call.args)})"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -162,6 +191,8 @@ class Request:
     reason: str = ""
     """Why the request ended, when it did not succeed."""
     output_ids: list[int] = field(default_factory=list)
+    observed: list[tuple[int, int]] = field(default_factory=list)
+    """Spans ``[start, end)`` of ``output_ids`` that are observations the server wrote, not sampled."""
     segments: list[Segment] = field(default_factory=list)
     seg_tokens: int = 0
     """Tokens generated for the segment in progress."""
@@ -202,7 +233,8 @@ class Request:
         segment = Segment(len(self.segments), text, calls,
                           gen_start=self.seg_gen_start if self.seg_gen_start is not None else now,
                           gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
-                          tokens=self.seg_tokens, predicted_gen_time=self.seg_predicted)
+                          tokens=self.seg_tokens, predicted_gen_time=self.seg_predicted,
+                          waits_for=None if final else self.robot.blocking_call(text))
         self.segments.append(segment)
         self.prev_end_est = start_est + estimate
         self._next_segment(now)
@@ -246,6 +278,22 @@ class Request:
     def context_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens of ``output_ids`` the engine generated (observations not counted)."""
+        return len(self.output_ids) - sum(end - start for start, end in self.observed)
+
+    @property
+    def waits_for(self) -> SkillCall | None:
+        """The blocking call whose value the plan waits for (its last segment's), if it waits."""
+        return self.segments[-1].waits_for if self.status is Status.BLOCKED else None
+
+    def observe(self, observation: str, ids: list[int]) -> None:
+        """Write the observation of the value the plan waited for after its last segment (``ids``: its tokens)."""
+        self.segments[-1].observation = observation
+        self.observed.append((len(self.output_ids), len(self.output_ids) + len(ids)))
+        self.output_ids.extend(ids)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -265,6 +313,7 @@ class Outcome:
     earliest response it could still have had then; ``skipped_segments`` counts the
     segments skip-next dropped (``plan`` holds only the segments sent); ``killed_at`` is when
     the kill strategy ended the plan (aborted; ``segments`` holds what was sent before).
+    ``plan`` shows the observations (the values of blocking calls) where they came in.
     """
 
     id: str
@@ -297,7 +346,8 @@ class Outcome:
         segments = request.segments
         outcome = cls(request.id, request.agent, request.trace, request.category, request.robot.robot,
                       request.status, request.reason, request.arrival, request.tuf,
-                      "".join(s.text for s in segments), len(request.output_ids), tuple(segments),
+                      "".join(s.text + (s.observation or "") for s in segments), request.sampled_tokens,
+                      tuple(segments),
                       shed=request.overload.shed, infeasible_at=request.overload.infeasible_at,
                       best_response=request.overload.best_response,
                       skipped_segments=request.overload.skipped_segments, killed_at=request.overload.killed_at)

@@ -7,7 +7,8 @@ replaced by its part:
   ``{skills}``    one line per skill from its signature and ``description``
                   (``- go_to(place: quoted name) -> bool: ...``); a file may describe its skills in
                   prose instead (``prompt.skills_text``), and then only the skills the prose does not
-                  name get a line, after it;
+                  name get a line, after it; where skills are blocking, a last line says that their
+                  values come back written after the call, and in what form;
   ``{guidance}``  ``prompt.guidance``: rules, syntax, hints;
   ``{examples}``  ``prompt.examples``, each ``{task, plan}`` written by ``example_format``.
 
@@ -59,11 +60,11 @@ def request_prompt(system_prompt: str, task: str) -> str:
     return f"{system_prompt}\nTask: {task}\nResponse: "
 
 
-def build_system_prompt(parts: PromptParts, skills: list[Skill]) -> str:
+def build_system_prompt(parts: PromptParts, skills: list[Skill], observation_form: str) -> str:
     """The robot's system prompt: ``parts.layout`` with every placeholder filled."""
     examples = "\n".join(parts.example_format.format(n=n, task=e.task, plan=e.plan)
                          for n, e in enumerate(parts.examples, 1))
-    fill = {"intro": parts.intro, "skills": _skills_part(parts, skills),
+    fill = {"intro": parts.intro, "skills": _skills_part(parts, skills) + _observations_line(skills, observation_form),
             "guidance": parts.guidance, "examples": examples}
     return _PLACEHOLDER.sub(lambda m: fill[m.group(1)], parts.layout)
 
@@ -72,6 +73,17 @@ def _skills_part(parts: PromptParts, skills: list[Skill]) -> str:
     """The prose description, if any, then one line per skill it does not name."""
     lines = [_skill_line(s) for s in skills if not _named_in(parts.skills_text, s)]
     return "\n".join(([parts.skills_text] if parts.skills_text else []) + lines)
+
+
+def _observations_line(skills: list[Skill], form: str) -> str:
+    """How the values of blocking skills appear in a plan ("" for a robot without any)."""
+    blocking = [s for s in skills if s.blocking]
+    if not blocking:
+        return ""
+    shown = form.replace("{skill}", blocking[0].abbr).replace("{value}", "VALUE").rstrip("\n")
+    names = ", ".join(s.abbr for s in blocking)
+    return (f"\nThe plan waits after a call to {names}: the robot's answer is written right after the call, "
+            f'as in "{blocking[0].abbr}(...);{shown}", and the plan goes on using it.')
 
 
 def _named_in(text: str | None, skill: Skill) -> bool:
@@ -120,7 +132,10 @@ def check_examples(parts: PromptParts, model: SkillModel, source: str) -> None:
     if grammar is None:
         return
     for i, example in enumerate(parts.examples):
-        parses = grammar.accepts(example.plan)
+        try:
+            parses = grammar.accepts(model.without_observations(example.plan))
+        except ValueError as exc:
+            raise ConfigError(source, f"prompt.examples[{i}].plan", str(exc)) from None
         if not parses and example.off_grammar is None:
             raise ConfigError(source, f"prompt.examples[{i}].plan",
                               f"{example.plan!r} does not parse in the {model.language} grammar of "

@@ -15,6 +15,12 @@ a bare ``NAME`` is untyped (any of those). ``returns: bool | number | text`` mar
 whose value plans may test in a condition or store in a variable. ``description`` says
 what the skill does, for the prompt.
 
+A skill with ``returns`` may say ``blocking: true``: the model's next words depend on its value.
+A segment ending in a blocking call is dispatched and the generation waits for the robot's
+report, which carries the value; the value is then written into the model's context after the
+call, in the robot's ``observation`` form (``form``, holding ``{value}`` and optionally
+``{skill}``; ``max_tokens``, the longest value taken), and generation goes on from there.
+
 A robot with skills also has a ``prompt:`` section, from which its system prompt is built
 (see :mod:`timely_llm.core.robot_prompt`): the file is the one source of the robot's
 grammar, prompt, stop-checker and time estimates.
@@ -35,8 +41,14 @@ from timely_llm.share import share_dir
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
 ARG_TYPES = ("int", "name", "text", "any")
 RETURN_TYPES = ("bool", "number", "text")
-FILE_KEYS = ("robot", "language", "segment", "words_per_minute", "skills", "prompt")
-SKILL_KEYS = ("abbr", "name", "args", "returns", "time", "description")
+FILE_KEYS = ("robot", "language", "segment", "words_per_minute", "skills", "prompt", "observation")
+SKILL_KEYS = ("abbr", "name", "args", "returns", "blocking", "time", "description")
+OBSERVATION_KEYS = ("form", "max_tokens")
+BLOCKING_LANGUAGES = ("minispec", "calls")
+"""Plan languages made of statements, after which an observation can be written."""
+DEFAULT_OBSERVATION_FORM = " # {value}\n"
+"""How a blocking call's value is written after it (both statement languages read it as a comment)."""
+DEFAULT_OBSERVATION_MAX_TOKENS = 48
 _INT_TYPE = re.compile(r"int\s+(\d+)\s*\.\.\s*(\d+)")
 
 
@@ -60,6 +72,24 @@ class TimeModel:
             return self.values[0]
         slope, intercept = self.values
         return max(0.0, slope * abs(arg or 0.0) + intercept)
+
+
+@dataclass(frozen=True)
+class ObservationForm:
+    """How a blocking call's value is written into the model's context, and the longest value taken."""
+
+    form: str = DEFAULT_OBSERVATION_FORM
+    max_tokens: int = DEFAULT_OBSERVATION_MAX_TOKENS
+
+    def text(self, skill: str, value: str) -> str:
+        """The observation of ``value`` (its whitespace runs made single spaces: it stays on one line)."""
+        return self.form.replace("{skill}", skill).replace("{value}", " ".join(value.split()))
+
+    def pattern(self) -> re.Pattern[str]:
+        """Matches an observation written in this form (a worked example's)."""
+        parts = [re.escape(p) for p in self.form.split("{value}")]
+        return re.compile(parts[0].replace(re.escape("{skill}"), r"\w+") + r"(?P<value>[^\n]+?)"
+                          + parts[1].replace(re.escape("{skill}"), r"\w+"))
 
 
 @dataclass(frozen=True)
@@ -97,6 +127,8 @@ class Skill:
     """What the skill's value is (one of RETURN_TYPES), None for actions without a useful value."""
     description: str = ""
     """What the skill does, in the words the prompt uses."""
+    blocking: bool = False
+    """The plan waits for the skill's value (reported by the robot) before it goes on."""
 
     @property
     def takes_args(self) -> bool:
@@ -108,7 +140,8 @@ class SkillModel:
 
     def __init__(self, robot: str, language: str, skills: list[Skill], segment_max_tokens: int,
                  segment_generation_time: float, words_per_minute: float | None = None,
-                 source: str = "<memory>", prompt: PromptParts | None = None) -> None:
+                 source: str = "<memory>", prompt: PromptParts | None = None,
+                 observation: ObservationForm | None = None) -> None:
         self.robot = robot
         self.language = language
         self.skills = {s.abbr: s for s in skills}
@@ -117,9 +150,12 @@ class SkillModel:
         self.words_per_minute = words_per_minute
         self.source = source
         self.prompt = prompt
-        self.system_prompt = build_system_prompt(prompt, skills) if prompt else ""
+        self.observation = observation or ObservationForm()
+        self.system_prompt = build_system_prompt(prompt, skills, self.observation.form) if prompt else ""
         """The fixed part of every prompt of this robot (empty for a robot without a prompt section)."""
         self._call_re = _call_regex(skills) if skills else None
+        self.has_blocking = any(s.blocking for s in skills)
+        """Some skill is blocking: a plan may wait for a value."""
 
     def prompt_text(self, task: str) -> str:
         """The exact text the model is asked to continue for ``task``."""
@@ -137,6 +173,27 @@ class SkillModel:
                 calls.append(SkillCall(m.group("abbr"), _split_args(text[m.start("args"):m.end("args")])))
         return calls
 
+    def blocking_call(self, segment: str) -> SkillCall | None:
+        """The blocking call ``segment`` ends with (only its statement's terminator after it), else None."""
+        if not self.has_blocking:
+            return None
+        masked = _mask_strings(segment)
+        calls = list(self._call_re.finditer(masked))
+        if not calls or masked[calls[-1].end():].strip(" ;") or not self.skills[_abbr_of(calls[-1])].blocking:
+            return None
+        return self.find_calls(segment[calls[-1].start():])[0]
+
+    def without_observations(self, text: str) -> str:
+        """``text`` (a worked example's plan) without the observations written after its blocking calls;
+        ValueError naming an observation that follows no blocking call."""
+        pattern, kept, start = self.observation.pattern(), [], 0
+        for m in pattern.finditer(text):
+            if self.blocking_call(text[start:m.start()]) is None:
+                raise ValueError(f"observation {m.group(0)!r} does not follow a blocking call")
+            kept.append(text[start:m.start()])
+            start = m.end()
+        return "".join(kept) + text[start:]
+
     def has_call(self, text: str) -> bool:
         return self._call_re is not None and self._call_re.search(_mask_strings(text)) is not None
 
@@ -152,6 +209,10 @@ class SkillModel:
         if self.words_per_minute:
             return _reading_time(text, self.words_per_minute)
         return sum(self.skills[c.name].time.sample(c.numeric_arg, rng) for c in self.find_calls(text))
+
+
+def _abbr_of(call: re.Match[str]) -> str:
+    return call.group("abbr") or call.group("bare")
 
 
 def _reading_time(text: str, words_per_minute: float) -> float:
@@ -213,8 +274,9 @@ def load_skill_model(path: str | Path) -> SkillModel:
     _no_duplicates(skills, source)
     if "prompt" not in data and skills:
         raise ConfigError(source, "prompt", "missing: a robot with skills needs intro, guidance and examples")
+    observation = _parse_observation(data.get("observation"), skills, language, source)
     prompt = parse_prompt(data["prompt"], skills, source) if "prompt" in data else None
-    model = SkillModel(robot, language, skills, max_tokens, gen_time, wpm, source, prompt)
+    model = SkillModel(robot, language, skills, max_tokens, gen_time, wpm, source, prompt, observation)
     if prompt is not None:
         check_examples(prompt, model, source)
     return model
@@ -252,9 +314,37 @@ def _parse_skill(raw: Any, index: int, source: str) -> Skill:
     returns = raw.get("returns")
     if returns is not None and returns not in RETURN_TYPES:
         raise ConfigError(source, where + "returns", f"must be one of {RETURN_TYPES}, got {returns!r}")
+    blocking = raw.get("blocking", False)
+    if not isinstance(blocking, bool):
+        raise ConfigError(source, where + "blocking", f"must be true or false, got {blocking!r}")
+    if blocking and returns is None:
+        raise ConfigError(source, where + "blocking", "a blocking skill needs returns: (the value the plan waits for)")
     specs = tuple(_parse_arg(a, f"{where}args[{i}]", source) for i, a in enumerate(args))
     time_model = _parse_time(_require(raw, "time", dict, source, where), source, where)
-    return Skill(abbr, name, specs, time_model, returns, description.strip())
+    return Skill(abbr, name, specs, time_model, returns, description.strip(), blocking)
+
+
+def _parse_observation(raw: Any, skills: list[Skill], language: str, source: str) -> ObservationForm:
+    """The ``observation`` section (defaults where absent); blocking skills only in statement languages."""
+    blocking = [s.abbr for s in skills if s.blocking]
+    if blocking and language not in BLOCKING_LANGUAGES:
+        raise ConfigError(source, "skills", f"blocking skill {blocking[0]!r} in a {language} plan: only "
+                                            f"{' and '.join(BLOCKING_LANGUAGES)} plans can wait for a value")
+    if raw is None:
+        return ObservationForm()
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "observation", "expected a mapping with form and/or max_tokens")
+    _no_unknown_keys(raw, OBSERVATION_KEYS, source, "observation.")
+    form = raw.get("form", DEFAULT_OBSERVATION_FORM)
+    if not isinstance(form, str) or form.count("{value}") != 1:
+        raise ConfigError(source, "observation.form", f"must be text holding {{value}} exactly once, got {form!r}")
+    if "\n" in form.rstrip("\n") or not form.split("{value}")[1]:
+        raise ConfigError(source, "observation.form",
+                          "must be one line (a trailing newline allowed) with text after {value}, where the value ends")
+    limit = raw.get("max_tokens", DEFAULT_OBSERVATION_MAX_TOKENS)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        raise ConfigError(source, "observation.max_tokens", f"must be a positive integer, got {limit!r}")
+    return ObservationForm(form, limit)
 
 
 def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:

@@ -32,6 +32,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of ``text`` written after other tokens (no special tokens such as BOS)."""
+        ...
+
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -52,14 +56,36 @@ class GenerationSpec:
     output_ids: list[int] = field(default_factory=list)
     """Tokens generated so far; non-empty on resume."""
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    """Budget for the whole generation, counting ``output_ids``."""
+    """Budget for the whole generation, counting the sampled ids of ``output_ids``."""
     forced_ids: list[int] | None = None
-    """A recorded plan to force-decode (trace replay); None lets the model decide."""
+    """A recorded plan to force-decode (trace replay): the ids to sample, observations not among them;
+    None lets the model decide."""
     priority: int = 0
     """vLLM-style priority, lower first: the engine preempts the highest value (latest started among
     equals) when KV memory runs out."""
     grammar: PlanGrammar | None = None
-    """Constrain decoding to this plan grammar, continued from ``output_ids`` (engines that can)."""
+    """Constrain decoding to this plan grammar, continued from the sampled ids of ``output_ids`` (engines
+    that can)."""
+    observed: tuple[tuple[int, int], ...] = ()
+    """Spans ``[start, end)`` of ``output_ids`` that were never sampled: the observations the server wrote
+    after blocking calls. They are context like any other token; the plan grammar, a forced plan and the
+    token budget skip them."""
+
+    @property
+    def sampled_ids(self) -> list[int]:
+        """``output_ids`` without the observations."""
+        return sampled_ids(self.output_ids, self.observed)
+
+
+def sampled_ids(output_ids: list[int], observed: tuple[tuple[int, int], ...]) -> list[int]:
+    """``output_ids`` without the ``observed`` spans."""
+    if not observed:
+        return output_ids
+    kept, start = [], 0
+    for begin, end in observed:
+        kept.extend(output_ids[start:begin])
+        start = end
+    return kept + output_ids[start:]
 
 
 @dataclass

@@ -205,7 +205,7 @@ class SimEngine(Engine):
 
     def _emit_token(self, gen: _Generation, out: StepOutput) -> None:
         spec = gen.spec
-        position = len(gen.output)
+        position = len(gen.output) - sum(end - begin for begin, end in spec.observed)  # tokens sampled so far
         forced = spec.forced_ids or []
         if position >= len(forced):
             out.finished[spec.gen_id] = "eos"
@@ -214,5 +214,5 @@ class SimEngine(Engine):
         token = forced[position]
         gen.output.append(token)
         out.new_tokens[spec.gen_id] = [token]
-        if len(gen.output) >= spec.max_new_tokens:
+        if position + 1 >= spec.max_new_tokens:
             out.finished[spec.gen_id] = "length"

@@ -38,6 +38,10 @@ class SimTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self._id(piece) for piece in _PIECE.findall(text)]
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """As ``encode``: there are no special tokens to leave out."""
+        return self.encode(text)
+
     def decode(self, ids: list[int]) -> str:
         return "".join(self._pieces[i] if i < len(self._pieces) else UNKNOWN for i in ids if i != self.eos_token_id)
 

@@ -57,6 +57,10 @@ class HfTokenizer:
         """Ids for a prompt, with the model's own special tokens (BOS)."""
         return list(self._hf.encode(text))
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of ``text`` written after other tokens (an observation): no BOS."""
+        return list(self._hf.encode(text, add_special_tokens=False))
+
     def decode(self, ids: list[int]) -> str:
         return self._hf.decode(ids, skip_special_tokens=True)
 
@@ -225,7 +229,7 @@ class VllmEngine(Engine):
             raise EngineRejected(
                 f"{spec.gen_id}: context of {len(context)} tokens does not fit max_model_len={self._max_model_len}"
             )
-        budget = spec.max_new_tokens - len(spec.output_ids)
+        budget = spec.max_new_tokens - len(spec.sampled_ids)
         if budget <= 0:
             raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
         return min(budget, room)
@@ -234,7 +238,7 @@ class VllmEngine(Engine):
         """EBNF for the rest of the plan, continued from what ``spec`` generated so far."""
         if spec.grammar is None or spec.forced_ids is not None:
             return None
-        grammar = spec.grammar.continuation(self.tokenizer.decode(spec.output_ids))
+        grammar = spec.grammar.continuation(self.tokenizer.decode(spec.sampled_ids))
         if grammar is None:
             raise EngineRejected(f"{spec.gen_id}: generated text left the {spec.grammar.model.robot} plan grammar")
         return grammar
@@ -401,7 +405,7 @@ def _forced_tail(spec: GenerationSpec, eos: int) -> list[int] | None:
     """The plan's ids not generated yet, then EOS; None when not forcing."""
     if spec.forced_ids is None:
         return None
-    return [*spec.forced_ids[len(spec.output_ids) :], eos]
+    return [*spec.forced_ids[len(spec.sampled_ids) :], eos]
 
 
 def _device_name(tensor_parallel_size: int) -> str:

@@ -2,15 +2,16 @@
 
 Simulated robots execute each dispatched segment after the network latency, once
 their previous segment is done, for a duration drawn from the skill models; they
-report completion back over the same latency. Durations are drawn from a random
-stream keyed by (seed, request, segment), so every policy sees the same robots.
+report completion back over the same latency, with the value of a blocking call the
+segment ends with. Durations and values are drawn from a random stream keyed by
+(seed, request, segment), so every policy sees the same robots.
 """
 
 from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from timely_llm.clock import VirtualClock, WallClock
@@ -28,6 +29,8 @@ from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
 BENCH_POLICIES = (*POLICIES, "isolated")
+DEFAULT_VALUES = {"bool": ("true", "false"), "number": ("0", "1", "2", "5"), "text": ("nothing unusual",)}
+"""What a simulated robot reports for a blocking skill no trace lists values for, by its return type."""
 
 
 @dataclass
@@ -38,6 +41,11 @@ class SimulatedRobots:
     network_latency: float
     seed: int
     schedule: Callable[[float, Action], None]
+    values: Mapping[int, Mapping[str, Sequence[str]]] = field(default_factory=dict)
+    """Per trace, per blocking skill: the values the robot may see (one drawn per segment); a skill not
+    listed answers with a value of its return type (``DEFAULT_VALUES``)."""
+    answers: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(request, segment) -> the value reported for the blocking call the segment ended with."""
     _lane_free: dict[str, float] = field(default_factory=dict)
 
     def on_segment(self, request: Request, segment: Segment) -> None:
@@ -45,8 +53,15 @@ class SimulatedRobots:
         rng = random.Random(zlib.crc32(f"{self.seed}/{request.id}/{segment.index}".encode()))
         end = start + request.robot.sample_exec_time(segment.text, rng)
         self._lane_free[request.id] = end
+        result = None if segment.waits_for is None else self._answer(request, segment.waits_for.name, rng)
+        if result is not None:
+            self.answers[(request.id, segment.index)] = result
         self.schedule(end + self.network_latency,
-                      lambda server: server.segment_done(request.id, segment.index, start, end))
+                      lambda server: server.segment_done(request.id, segment.index, start, end, result=result))
+
+    def _answer(self, request: Request, skill: str, rng: random.Random) -> str:
+        listed = self.values.get(request.trace, {}).get(skill) if request.trace is not None else None
+        return rng.choice(listed or DEFAULT_VALUES[request.robot.skills[skill].returns or "text"])
 
 
 @dataclass
@@ -80,7 +95,9 @@ class EngineSetup:
 
 def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,
               skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
-              max_batch: int | None = None, features: Features = DEFAULT_FEATURES) -> dict:
+              max_batch: int | None = None, features: Features = DEFAULT_FEATURES,
+              values: Mapping[int, Mapping[str, Sequence[str]]] | None = None) -> dict:
+    """``values``: what the simulated robots may report for blocking calls (``SimulatedRobots.values``)."""
     if policy not in BENCH_POLICIES:
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
@@ -89,11 +106,12 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
         if setup.new_clock is not VirtualClock:
             raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
         alone = setup.server_config("vllm-stream", workload.network_latency, None, Features())
-        records = [_run(workload, [r], alone, setup, skills, catalog, seed)[0][0] for r in workload.requests]
+        records = [_run(workload, [r], alone, setup, skills, catalog, seed, values)[0][0] for r in workload.requests]
         peak_queue, counters = 1, {}
     else:
         config = setup.server_config(policy, workload.network_latency, max_batch, features)
-        records, peak_queue, counters = _run(workload, list(workload.requests), config, setup, skills, catalog, seed)
+        records, peak_queue, counters = _run(workload, list(workload.requests), config, setup, skills, catalog, seed,
+                                             values)
         features = config.parts
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
@@ -105,12 +123,13 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
 
 
 def _run(workload: Workload, requests: list[WorkloadRequest], config: ServerConfig, setup: EngineSetup,
-         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int) -> tuple[list[dict], int, dict[str, int]]:
+         skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int,
+         values: Mapping[int, Mapping[str, Sequence[str]]] | None = None) -> tuple[list[dict], int, dict[str, int]]:
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
     driver = Driver(clock)
-    robots = SimulatedRobots(skills, workload.network_latency, seed, driver.at)
+    robots = SimulatedRobots(skills, workload.network_latency, seed, driver.at, values or {})
     server = build_server(config, engine, skills, clock, on_segment=robots.on_segment,
                           on_finish=lambda r: records.append(Outcome.of(r).to_record()))
     tokenizer = engine.tokenizer

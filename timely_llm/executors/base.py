@@ -25,10 +25,14 @@ class SegmentResult:
     """Wall-clock seconds the segment took to execute."""
     returned: Value = None
     """The value of a MiniSpec ``->value`` the segment reached, if any."""
+    last_value: Value = None
+    """What the segment's last call returned: for a segment ending in a blocking call, the value the robot
+    reports (``SegmentDone.result``)."""
 
 
-def run_timed(body: Callable[[], Value]) -> SegmentResult:
-    """Run a segment's body and time it; a skill failure or malformed plan becomes a failed result."""
+def run_timed(body: Callable[[], Value], last_value: Callable[[], Value] = lambda: None) -> SegmentResult:
+    """Run a segment's body and time it; a skill failure or malformed plan becomes a failed result.
+    ``last_value``: what the last call returned, asked once the body ran."""
     start = time.monotonic()
     try:
         returned = body()
@@ -36,17 +40,19 @@ def run_timed(body: Callable[[], Value]) -> SegmentResult:
         return SegmentResult(False, str(failure), time.monotonic() - start)
     except MiniSpecError as error:
         return SegmentResult(False, f"malformed plan: {error}", time.monotonic() - start)
-    return SegmentResult(True, "", time.monotonic() - start, returned)
+    return SegmentResult(True, "", time.monotonic() - start, returned, last_value())
 
 
 def run_calls(dispatch: SkillDispatch, calls: CallList) -> SegmentResult:
     """Run skill calls one after another, stopping at the first failure."""
+    values: list[Value] = [None]
+
     def body() -> Value:
         for name, args in calls:
-            dispatch(name, [as_number(arg) for arg in args])
+            values.append(dispatch(name, [as_number(arg) for arg in args]))
         return None
 
-    return run_timed(body)
+    return run_timed(body, lambda: values[-1])
 
 
 def as_number(arg: Value) -> Value:

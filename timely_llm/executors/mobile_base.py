@@ -66,9 +66,11 @@ class SimulatedMobileBase:
             raise SkillFailed(f"dock takes no argument, got {list(args)}")
         self.state.position, self.state.docked = DOCK, True
 
-    def _look_for(self, args: Sequence[Value]) -> bool:
+    def _look_for(self, args: Sequence[Value]) -> str:
+        """Where ``thing`` is, as the robot tells it (the plan waits for it): here at this place, or not here."""
         thing = text_arg("look_for", args)
-        return self.world is not None and thing in self.world.get(self.state.position, set())
+        found = self.world is not None and thing in self.world.get(self.state.position, set())
+        return f"here, at {self.state.position}" if found else "not here"
 
     def _follow(self, args: Sequence[Value]) -> None:
         if len(args) != 2 or isinstance(args[1], bool) or not isinstance(args[1], int | float):
