@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["numpy", "pyyaml", "matplotlib"],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "xmlschema"],  # xmlschema: the SROS2 policy files against sros2's schema
         # vLLM for the embedded engine, one build or the other (scripts/install_vllm.sh picks for the machine):
         "vllm": ["vllm==0.32.0", "tokenizers"],  # the CUDA build, with the CUDA torch it pins
         # the CPU build; install torch==2.13.0 first (a CPU wheel: docs/deployment.md, "CPU only")

@@ -151,7 +151,7 @@ def _value(v: object) -> object:
 
 def _serve_one_goal(link: PlanLink, server: Running) -> None:
     server.wait_for(link.action.server_is_ready, "action server")
-    robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(load_skill_models()["tello"], time_scale=0.1))
+    robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(load_skill_models()["tello"], time_scale=0.1))
     try:
         outcome = robot.request(load_catalog()[TRACE_ID].prompt, None, TRACE_ID)
         server.wait_for(outcome.finished.done, "goal result")
@@ -338,7 +338,7 @@ def test_launch_file_with_no_arguments_serves_a_free_text_task(workspace: Worksp
         assert _parameters(link.node, server, ["engine", "model", "vllm.max_num_seqs"]) == {
             "engine": "vllm", "model": "smollm2", "vllm.max_num_seqs": 64}
         server.wait_for(link.action.server_is_ready, "action server")
-        robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(tello, time_scale=0.1))
+        robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(tello, time_scale=0.1))
         try:
             outcome = robot.request(FREE_TEXT_TASK)
             server.wait_for(outcome.finished.done, "goal result")

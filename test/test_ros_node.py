@@ -265,7 +265,7 @@ def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Calla
     with TelloSimulator(state_port=tello_client_ports[1], time_scale=0.01) as drone, \
             TelloExecutor(drone.address, time_scale=0.01) as tello, server_node(session[1], session[0]):
         tello.dispatch("takeoff", [])
-        outcome = ask(robots("tello-1", runner=tello_runner(tello)), 6).wait(RESULT_TIMEOUT_S)
+        outcome = ask(robots("tello_1", runner=tello_runner(tello)), 6).wait(RESULT_TIMEOUT_S)
         commands = list(drone.commands)
     assert outcome.status == "succeeded", outcome.result.reason
     assert [c for c in commands if c.split()[0] in ("back", "up", "forward")] == ["back 80", "up 60", "forward 100"]

@@ -137,8 +137,8 @@ class TimelyLlmNode(LifecycleNode):
         regroup_lifecycle_services(self, self._transitions, self._transition_lock)
         self.goals_group = MutuallyExclusiveCallbackGroup()  # goal, cancel, result requests, outbox: one at a time
         self._loop, self._ledger = ServerLoop(self.clock, self.get_logger()), Ledger()
-        self._desk = GoalDesk(self, self._loop, self._ledger, self._guarded)
-        RobotReports(self, self._loop, self._ledger, self._desk.topics, self._guarded)
+        reports = RobotReports(self, self._loop, self._ledger, self._guarded)
+        self._desk = GoalDesk(self, self._loop, self._ledger, self._guarded, reports.take)
         self._reporter = StatusReporter(self, self._loop, self._ledger, self._desk, self._guarded)
         LiveParameters(self, self._loop, self._ledger, self._desk, self._reporter, self._guarded)
         self._loader = EngineLoader(self, self.clock, self._desk, self._shutting_down)
