@@ -84,7 +84,7 @@ def test_a_burst_of_300_goals_from_300_robots_all_end_and_the_node_serves_on(nod
     for outcome in ended:
         assert outcome.result_after_segments and outcome.result.num_segments == len(outcome.segments)
 
-    sent.append(send(link, "after-burst", 7))
+    sent.append(send(link, "after_burst", 7))
     assert sent[-1][1].wait(BURST_TIMEOUT_S).status == "succeeded"
     for robot, _ in sent:
         robot.close()
