@@ -3,10 +3,11 @@
 Robots send ``RequestPlan`` goals (or ``task_requests`` on a topic); each plan segment comes back as feedback the
 moment the server dispatches it, and the result once the robot has reported every segment executed
 (on its own ``<agent_id>/segment_done``: ``agents``), or, for a goal with ``no_execution_reports``, once the
-last segment's estimated execution end has passed. Lifecycle: configure loads the engine and starts the server loop, activate accepts goals, deactivate
-aborts the goals in flight ("server deactivated"), cleanup frees the engine, shutdown aborts what is in flight
-("server shutting down") and waits briefly for the results to go out. Parameter ``autostart`` (default true)
-configures and activates once the node spins, so no lifecycle manager is needed.
+last segment's estimated execution end has passed. Lifecycle: configure loads the engine and starts the server
+loop, activate accepts goals, deactivate aborts the goals in flight ("server deactivated"), cleanup frees the
+engine, shutdown aborts what is in flight ("server shutting down") and waits briefly for the results to go out.
+Parameter ``autostart`` (default true) configures and activates once the node spins, so no lifecycle manager is
+needed.
 
 Thread model. No thread waits on a goal, and only the server loop calls the Server.
 
