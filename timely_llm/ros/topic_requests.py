@@ -101,7 +101,7 @@ class TopicRequests:
         if refused:
             self._refuse(agent, robot_id, refused)
             return
-        self._endpoints(agent)  # its cancel subscription, before the robot may want it
+        self._endpoints(agent)  # its cancel subscription too, before the robot may want it
         node_id = f"{ID_PREFIX}{next(self._ids)}"
         with self._lock:
             self._live[node_id] = _Live(agent, robot_id)
@@ -124,9 +124,10 @@ class TopicRequests:
 
     def _refuse(self, agent: str, robot_id: str, reason: str) -> None:
         self._log.warn(agent, f"rejected task request {robot_id[:MAX_ID_CHARS]!r} from {agent!r}: {reason}")
-        if agent not in self._agents:  # too many robots: no topic of its own to answer on
+        endpoints = self._endpoints(agent)
+        if endpoints is None:  # too many robots: no topic of its own to answer on
             return
-        self._endpoints(agent).results.publish(PlanResult(
+        endpoints.results.publish(PlanResult(
             request_id=robot_id[:MAX_ID_CHARS], agent_id=agent, status="aborted", reason=reason,
             **dict.fromkeys(("response_time", "waiting_time", "utility"), float("nan"))))
 
@@ -143,13 +144,17 @@ class TopicRequests:
             live = self._live.get(node_id)
         if live is None:
             return node_id.startswith(ID_PREFIX)  # ended already: nothing left to send it
+        if not isinstance(item, RequestPlan.Feedback | RequestPlan.Result):  # an action goal's state change only
+            return True
         endpoints = self._endpoints(live.agent)
+        if endpoints is None:  # its topics were dropped while its result was on its way, and no room is left
+            self._node.get_logger().error(f"no topics left to tell {live.agent!r} of request {live.request_id!r}")
+            self._forget(node_id)
+            return True
         if isinstance(item, RequestPlan.Feedback):
             if item.segment.request_id:  # the infeasibility notice has no segment and no topic message
                 item.segment.request_id = live.request_id
                 endpoints.segments.publish(item.segment)
-            return True
-        if not isinstance(item, RequestPlan.Result):  # a state change of an action goal only
             return True
         self._forget(node_id)
         endpoints.results.publish(plan_result(item, live))
@@ -163,7 +168,10 @@ class TopicRequests:
             report.request_id = node_id
         return report
 
-    def _endpoints(self, agent: str) -> TopicEndpoints:
+    def _endpoints(self, agent: str) -> TopicEndpoints | None:
+        """The agent's topics (made again if dropped meanwhile); None when too many robots hold theirs."""
+        if self._agents.admit(agent):
+            return None
         return self._agents.topic_endpoints(agent, self._on_cancel)
 
 
