@@ -9,12 +9,13 @@ that may publish only on its own topics cannot fail, advance or cancel another r
 Bound and cleanup. A goal or a task request names its agent, and without DDS Security nothing in ROS 2 tells who
 sent it: one client could name a new agent in every request and make the node create endpoints without end. So:
 
-- an agent's endpoints are made when a request of it is accepted (a rejected one makes none), and destroyed
-  once the agent has had no request in flight for :data:`IDLE_S` (a robot sending plan after plan keeps them,
-  so its next report does not wait for a new subscription to be discovered);
+- an agent's endpoints are made when a request of it passes the goal checks (and for a task request refused for
+  its fields, whose refusal goes to the agent's ``plan_result``), and destroyed once the agent has had no request
+  in flight for :data:`IDLE_S` (a robot sending plan after plan keeps them, so its next report does not wait for
+  a new subscription to be discovered);
 - at most :data:`MAX_AGENTS` agents have endpoints at once (the node is sized for 1,000 goals in flight). A new
-  agent past that takes the place of the idle agent heard from least recently; when every one has a request in
-  flight, the new agent's request is refused ("too many robots"), and no endpoint is made.
+  agent past that takes the place of the idle agent whose last request came least recently; when every one has
+  a request in flight, the new agent's request is refused ("too many robots"), and no endpoint is made.
 
 The agent ids a hostile client makes up thus cost the node at most MAX_AGENTS agents' endpoints, held only while
 their requests are in flight (which the goal checks and the watchdog bound) and IDLE_S after.
@@ -25,37 +26,41 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rclpy.callback_groups import CallbackGroup
 from rclpy.node import Node
 from rclpy.publisher import Publisher
-from rclpy.subscription import Subscription
 from std_msgs.msg import String
 
 from timely_llm.ros.interfaces import PlanResult, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.names import agent_topics, cancel_topic, report_topic
 from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
+from timely_llm.ros.topic_pump import TopicPump
 
 MAX_AGENTS = 1024
 IDLE_S = 30.0
 """An agent with no request in flight keeps its endpoints this long."""
 SWEEP_S = 1.0
+
+
 @dataclass
 class TopicEndpoints:
     """A topic-interface robot's: the node's segments and plan_result publishers, its cancel subscription."""
 
     segments: Publisher
     results: Publisher
-    cancel: Subscription
+    cancel: object
+    """Its handle in the pump."""
 
 
 @dataclass
 class _Agent:
-    report: Subscription
+    report: object
+    """Its handle in the pump."""
     topic: TopicEndpoints | None = None
-    idle_since: float | None = field(default=None)
+    idle_since: float | None = None
 
 
 class AgentTopics:
@@ -63,13 +68,14 @@ class AgentTopics:
 
     Used from one callback group only (the goals'), which also runs the sweep: no lock.
     ``busy()`` names the agents with a request in flight; ``on_report(agent, report)`` and
-    ``on_cancel(agent, message)`` get what arrives on an agent's own topics.
+    ``on_cancel(agent, message)`` get what arrives on an agent's own topics, on the pump's thread
+    (``topic_pump``: subscriptions kept out of the executor, whose every wake-up would cost O(robots)).
     """
 
     def __init__(self, node: Node, busy: Callable[[], set[str]], on_report: Callable[[str, SegmentDone], None],
-                 reports_group: CallbackGroup, goals_group: CallbackGroup) -> None:
+                 goals_group: CallbackGroup) -> None:
         self._node, self._busy, self._on_report = node, busy, on_report
-        self._reports_group, self._goals_group = reports_group, goals_group
+        self._pump = TopicPump(node)
         self._agents: OrderedDict[str, _Agent] = OrderedDict()  # least recently admitted first
         node.create_timer(SWEEP_S, self.sweep, callback_group=goals_group)
 
@@ -80,9 +86,8 @@ class AgentTopics:
             return None
         if len(self._agents) >= MAX_AGENTS and not self._drop_least_recent_idle():
             return f"too many robots: {MAX_AGENTS} have requests in flight"
-        self._agents[agent] = _Agent(self._node.create_subscription(
-            SegmentDone, report_topic(agent), lambda report: self._on_report(agent, report), DEEP_RELIABLE,
-            callback_group=self._reports_group))
+        self._agents[agent] = _Agent(self._pump.subscribe(
+            SegmentDone, report_topic(agent), DEEP_RELIABLE, lambda report: self._on_report(agent, report)))
         return None
 
     def topic_endpoints(self, agent: str, on_cancel: Callable[[str, String], None]) -> TopicEndpoints:
@@ -93,20 +98,12 @@ class AgentTopics:
             held.topic = TopicEndpoints(
                 self._node.create_publisher(SegmentMsg, segments, AGENT_QOS),
                 self._node.create_publisher(PlanResult, results, AGENT_QOS),
-                self._node.create_subscription(String, cancel_topic(agent), lambda m: on_cancel(agent, m),
-                                               DEEP_RELIABLE, callback_group=self._goals_group))
+                self._pump.subscribe(String, cancel_topic(agent), DEEP_RELIABLE, lambda m: on_cancel(agent, m)))
         return held.topic
 
-    def __contains__(self, agent: str) -> bool:
-        return agent in self._agents
-
-    def __len__(self) -> int:
-        return len(self._agents)
-
-    def sweep(self, now: float | None = None) -> None:
+    def sweep(self) -> None:
         """Destroy the endpoints of agents idle for IDLE_S."""
-        now = time.monotonic() if now is None else now
-        busy = self._busy()
+        now, busy = time.monotonic(), self._busy()
         for agent, held in list(self._agents.items()):
             if agent in busy:
                 held.idle_since = None
@@ -125,8 +122,12 @@ class AgentTopics:
 
     def _drop(self, agent: str) -> None:
         held = self._agents.pop(agent)
-        self._node.destroy_subscription(held.report)
+        self._pump.unsubscribe(held.report)
         if held.topic is not None:
             self._node.destroy_publisher(held.topic.segments)
             self._node.destroy_publisher(held.topic.results)
-            self._node.destroy_subscription(held.topic.cancel)
+            self._pump.unsubscribe(held.topic.cancel)
+
+    def close(self) -> None:
+        """Stop taking messages (before the node is destroyed)."""
+        self._pump.close()

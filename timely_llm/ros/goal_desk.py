@@ -13,7 +13,6 @@ from collections.abc import Callable
 from action_msgs.msg import GoalInfo, GoalStatus
 from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.duration import Duration
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
@@ -52,8 +51,8 @@ class GoalDesk:
         self._guarded = guarded
         self._outbox_ready = node.create_guard_condition(guarded(self._drain_outbox), callback_group=self._group)
         self._log = ThrottledLog(node.get_logger().warning)
-        self.agents = AgentTopics(node, ledger.agents, guarded(lambda agent, report: on_report(
-            agent, self.topics.to_node(report))), MutuallyExclusiveCallbackGroup(), self._group)
+        self.agents = AgentTopics(node, ledger.agents, lambda agent, report: on_report(
+            agent, self.topics.to_node(report)), self._group)
         self.topics = TopicRequests(node, self._start_topic_request, self._cancel_topic_request, self.agents,
                                     self._group)
         self._action: ActionServer | None = None
@@ -69,6 +68,7 @@ class GoalDesk:
                                     result_timeout=result_timeout, **action_server_qos())
 
     def destroy(self) -> None:
+        self.agents.close()
         if self._action is not None:
             self._action.destroy()
 

@@ -38,8 +38,7 @@ from timely_llm.core.skills import SkillModel
 from timely_llm.ros.fleet import ros_session
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.names import report_topic
-from timely_llm.ros.qos import DEEP_RELIABLE
-from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink
+from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink, robot_publisher
 from timely_llm.workloads.traces import TraceCatalog
 
 SERVER_WAIT_S = 60.0
@@ -161,8 +160,8 @@ class Swarm:
     _report_pubs: list[Publisher] = field(default_factory=list)
 
     def start(self) -> None:
-        self._report_pubs = [self.link.node.create_publisher(SegmentDone, report_topic(_agent_id(agent)),
-                                                             DEEP_RELIABLE) for agent in range(self.agents)]
+        self._report_pubs = [robot_publisher(self.link.node, SegmentDone, report_topic(_agent_id(agent)))
+                             for agent in range(self.agents)]
         for agent in range(self.agents):
             self._send(agent)
 

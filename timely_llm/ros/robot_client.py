@@ -22,8 +22,10 @@ from typing import Any
 
 from rclpy.action import ActionClient
 from rclpy.action.client import ClientGoalHandle
+from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
+from rclpy.publisher import Publisher
 from rclpy.task import Future as RclpyFuture
 
 from timely_llm.core.skills import SkillModel
@@ -139,6 +141,14 @@ class PlanActionClient(ActionClient):
             return super()._get_result_async(goal_handle)
 
 
+def robot_publisher(node: Node, msg_type: type, topic: str) -> Publisher:
+    """A publisher of one robot among many on ``node``, without rclpy's default QoS-event handlers: they only log
+    incompatible QoS, but add two waitables per publisher that each wake-up of the node's executor walks (500
+    robots' publishers: 4.7 ms of CPU per wake-up instead of 0.04 ms on this project's 2-core machine)."""
+    return node.create_publisher(msg_type, topic, DEEP_RELIABLE,
+                                 event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
+
+
 class PlanLink:
     """A node's action client, shared by the robots on that node."""
 
@@ -168,7 +178,7 @@ class RobotClient:
         unnamed = agent_id_error(agent_id)
         if unnamed:
             raise ValueError(f"{unnamed} (ros_agent_id makes one of any name)")
-        self.done_pub = link.node.create_publisher(SegmentDone, report_topic(agent_id), DEEP_RELIABLE)
+        self.done_pub = robot_publisher(link.node, SegmentDone, report_topic(agent_id))
         self._work: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
         self._worker = threading.Thread(target=self._execute_loop, name=f"robot-{agent_id}", daemon=True)

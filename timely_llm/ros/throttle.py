@@ -3,6 +3,7 @@ goals, reports or requests must not flood ``/rosout``."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,14 +24,16 @@ class ThrottledLog:
         self._sink, self._now = sink, now
         self._period_s = PERIOD_S if period_s is None else period_s
         self._clients: OrderedDict[str, tuple[float, int]] = OrderedDict()  # client -> (last line at, suppressed)
+        self._lock = threading.Lock()  # the executor's callbacks and the topic pump's
 
     def warn(self, client: str, line: str) -> None:
         now = self._now()
-        last, suppressed = self._clients.pop(client, (None, 0))
-        if last is not None and now - last < self._period_s:
-            self._clients[client] = (last, suppressed + 1)
-            return
-        self._clients[client] = (now, 0)
-        if len(self._clients) > MAX_CLIENTS:
-            self._clients.popitem(last=False)
+        with self._lock:
+            last, suppressed = self._clients.pop(client, (None, 0))
+            if last is not None and now - last < self._period_s:
+                self._clients[client] = (last, suppressed + 1)
+                return
+            self._clients[client] = (now, 0)
+            if len(self._clients) > MAX_CLIENTS:
+                self._clients.popitem(last=False)
         self._sink(f"{line} ({suppressed} more from {client!r} suppressed since its last line)" if suppressed else line)

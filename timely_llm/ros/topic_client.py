@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -24,8 +25,8 @@ from timely_llm.core.tuf import TUF
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.names import TASK_REQUESTS, agent_topics, cancel_topic
-from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
-from timely_llm.ros.robot_client import MATCH_POLL_S, RobotClient, SegmentRunner, TaskOutcome
+from timely_llm.ros.qos import AGENT_QOS
+from timely_llm.ros.robot_client import MATCH_POLL_S, RobotClient, SegmentRunner, TaskOutcome, robot_publisher
 from timely_llm.ros.topic_requests import TASK_REQUESTS_QOS
 
 
@@ -57,9 +58,12 @@ class TopicRobotClient(RobotClient):
         self._pending: dict[str, TaskOutcome] = {}
         self._pending_lock = threading.Lock()
         segments, results = agent_topics(agent_id)
-        self._subscriptions = [link.node.create_subscription(SegmentMsg, segments, self._on_segment, AGENT_QOS),
-                               link.node.create_subscription(PlanResult, results, self._on_plan_result, AGENT_QOS)]
-        self._cancel_pub = link.node.create_publisher(String, cancel_topic(agent_id), DEEP_RELIABLE)
+        quiet = SubscriptionEventCallbacks(use_default_callbacks=False)  # as robot_publisher's, for the same reason
+        self._subscriptions = [
+            link.node.create_subscription(SegmentMsg, segments, self._on_segment, AGENT_QOS, event_callbacks=quiet),
+            link.node.create_subscription(PlanResult, results, self._on_plan_result, AGENT_QOS,
+                                          event_callbacks=quiet)]
+        self._cancel_pub = robot_publisher(link.node, String, cancel_topic(agent_id))
 
     def request(self, task: str, tuf: TUF | None = None, trace_id: int = 0, max_new_tokens: int = 0,
                 label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
