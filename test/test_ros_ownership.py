@@ -267,8 +267,7 @@ def test_with_a_5x_fast_clock_a_robot_reporting_in_sim_time_completes_its_plans(
         return SegmentResult(True, "", clock.now() - start)
 
     try:
-        with server_node(session[1], session[0], use_sim_time=True, segment_timeout_factor=1.5,
-                         segment_timeout_margin=2.0) as node:
+        with server_node(session[1], session[0], use_sim_time=True, segment_timeout_margin=25.0) as node:
             wait_until(lambda: node.get_clock().now().nanoseconds > 1e12, RESULT_TIMEOUT_S, "the node on sim time")
             outcomes = [ask(robots(f"sim{i}", runner=in_sim_time), trace) for i, trace in enumerate((2, 8))]
             ended = [o.wait(RESULT_TIMEOUT_S) for o in outcomes]
