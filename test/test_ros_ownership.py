@@ -73,15 +73,24 @@ def topic_link(session: tuple) -> Iterator[TopicPlanLink]:
     context, executor = session
     node = Node("topic_robots", context=context)
     executor.add_node(node)
-    link = TopicPlanLink(node)
-    made: list[TopicRobotClient] = []
-    link.make = lambda agent, report=True: made.append(TopicRobotClient(  # type: ignore[attr-defined]
-        link, agent, "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.2), report)) or made[-1]
-    yield link
-    for robot in made:
-        robot.close()
+    yield TopicPlanLink(node)
     executor.remove_node(node)
     node.destroy_node()
+
+
+@pytest.fixture
+def topic_robots(topic_link: TopicPlanLink) -> Iterator[Callable[..., TopicRobotClient]]:
+    """Makes tello TopicRobotClients executing SimulatedSkills at 0.2x their time."""
+    made: list[TopicRobotClient] = []
+
+    def make(agent: str, report: bool = True) -> TopicRobotClient:
+        made.append(TopicRobotClient(topic_link, agent, "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.2),
+                                     report))
+        return made[-1]
+
+    yield make
+    for robot in made:
+        robot.close()
 
 
 # ----- cancel -----
@@ -112,10 +121,11 @@ def test_a_cancel_all_is_refused_while_20_robots_goals_run_and_every_one_succeed
     assert "refused a cancel request: a zero goal id cancels every robot's goals" in server_log()
 
 
-def test_a_topic_robot_cancels_its_own_request_on_its_own_topic(session: tuple, topic_link: TopicPlanLink) -> None:
+def test_a_topic_robot_cancels_its_own_request_on_its_own_topic(session: tuple, topic_link: TopicPlanLink,
+                                                                topic_robots: Callable) -> None:
     with server_node(session[1], session[0], segment_timeout_margin=60.0):
         assert topic_link.wait_for_server()
-        robot = topic_link.make("canceler", report=False)
+        robot = topic_robots("canceler", report=False)
         outcome = ask(robot, 2)
         wait_until(lambda: outcome.segments, RESULT_TIMEOUT_S, "a segment")
         robot.cancel(outcome)
@@ -125,12 +135,13 @@ def test_a_topic_robot_cancels_its_own_request_on_its_own_topic(session: tuple, 
 # ----- reports and requests of others -----
 
 def test_failure_reports_for_a_victim_on_every_topic_but_its_own_change_nothing(
-        session: tuple, robots: Callable, topic_link: TopicPlanLink, other_node: Node,
+        session: tuple, robots: Callable, topic_link: TopicPlanLink, topic_robots: Callable, other_node: Node,
         server_log: Callable[[], str]) -> None:
     with server_node(session[1], session[0], segment_timeout_margin=60.0):
+        assert topic_link.wait_for_server()
         victim_robot = robots("victim", report=False)
         victim = ask(victim_robot, 2)
-        bystanders = [ask(robots("bystander", report=False), 7), ask(topic_link.make("topic_bystander"), 8)]
+        bystanders = [ask(robots("bystander", report=False), 7), ask(topic_robots("topic_bystander"), 8)]
         wait_until(lambda: victim.segments and all(b.segments for b in bystanders), RESULT_TIMEOUT_S, "segments")
         own = f"/{report_topic('victim')}"
         expected = {"/bystander/segment_done", "/topic_bystander/segment_done", "/topic_bystander/cancel",
@@ -172,12 +183,13 @@ class Heard:
 
 
 def test_a_duplicate_task_request_reusing_a_live_id_leaves_the_victims_plan_and_topics_alone(
-        session: tuple, topic_link: TopicPlanLink, other_node: Node, server_log: Callable[[], str]) -> None:
+        session: tuple, topic_link: TopicPlanLink, topic_robots: Callable, other_node: Node,
+        server_log: Callable[[], str]) -> None:
     heard = Heard(other_node, "victim")
     attacker = other_node.create_publisher(TaskRequest, "task_requests", DEEP_RELIABLE)
     with server_node(session[1], session[0], segment_timeout_margin=60.0):
         assert topic_link.wait_for_server()
-        victim_robot = topic_link.make("victim", report=False)
+        victim_robot = topic_robots("victim", report=False)
         victim = ask(victim_robot, 2)
         wait_until(lambda: victim.segments, RESULT_TIMEOUT_S, "the victim's first segment")
         live_id = victim.segments[0].request_id
