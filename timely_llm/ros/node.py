@@ -12,8 +12,9 @@ needed.
 Thread model. No thread waits on a goal, and only the server loop calls the Server.
 
 - The executor (single-threaded in ``main``; a MultiThreadedExecutor where clients share the session) runs every
-  ROS callback. Goals, cancels and topic requests (``goal_desk``), robots' reports and the watchdog
-  (``robot_reports``, on the node's ROS clock) are checked and time-stamped there and queued as commands in the
+  ROS callback but the robots' own topics', which the topic pump's thread runs (``agents``). Goals, cancels and
+  topic requests (``goal_desk``), robots' reports and the watchdog (``robot_reports``, on the node's ROS clock)
+  are checked and time-stamped there and queued as commands in the
   loop's *inbox*. It also drains the *outbox*: feedback is published, a goal whose generation started goes
   EXECUTING, and an ended goal's execute callback runs once, setting the final state and returning the result (no
   execute callback runs before: an ``async`` one per goal would cost O(goals) per executor wake-up). Status and
@@ -30,7 +31,8 @@ Inbox and outbox are deques with one consumer each, so they need no lock. Locks:
 lets one transition run at a time, from whichever thread asks; the Ledger's lock (``ledger``) guards what the
 executor, the loop and the finalize thread share: the robots' reports, the goal handles still to conclude, the
 status totals; TopicRequests' lock guards which topic request is whose, read by the reports' callback group too
-(the per-agent endpoints, ``agents``, are made and dropped in the goals' callback group alone);
+(the per-agent endpoints, ``agents``, are made and dropped in the goals' callback group alone, and the topic pump's
+thread, ``topic_pump``, takes the robots' reports and cancels off them);
 the Server's own lock is held by the loop while it decides, and briefly by the status readers.
 """
 
