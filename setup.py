@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["numpy", "pyyaml", "matplotlib", "httpx", "tokenizers"],  # httpx, tokenizers: engine remote
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "xmlschema"],  # xmlschema: the SROS2 policy files against sros2's schema
         # vLLM for the embedded engine, one build or the other (scripts/install_vllm.sh picks for the machine):
         # vLLM 0.32 needs Python >= 3.11 (the node itself runs on 3.10: engines sim and remote).
         "vllm": ["vllm==0.32.0; python_version >= '3.11'", "tokenizers"],  # the CUDA build, with its CUDA torch

@@ -9,8 +9,8 @@ model and hw_profile given on the command line overrides the file, and so does e
 ``vllm_args`` (space-separated ``KEY:=VALUE``, e.g. ``vllm_args:="max_num_seqs:=8 dtype:=float16"``: the node's
 parameters ``vllm.KEY``, values read as ``-p`` reads them). With ``autostart:=false`` the lifecycle node
 waits unconfigured for its transitions (configure, activate). With ``namespace:=NS`` the node is
-/NS/timely_llm_server and its action and topics are /NS/request_plan, /NS/segment_done, /NS/status; a params file
-keyed ``/**:`` (as the shipped one is) applies there, one keyed ``timely_llm_server:`` would not.
+/NS/timely_llm_server and its action and topics are /NS/request_plan, /NS/<agent_id>/segment_done, /NS/status;
+a params file keyed ``/**:`` (as the shipped one is) applies there, one keyed ``timely_llm_server:`` would not.
 """
 
 import os

@@ -1,4 +1,5 @@
 import random
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -96,3 +97,31 @@ def vllm_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     server = start_serve(tmp_path_factory.mktemp("vllm-serve"), "shared")
     yield server
     server.close()
+
+
+@pytest.fixture
+def server_log(monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
+    """What the server node has logged so far, recorded where rclpy hands each line to rcutils.
+
+    Not read from captured stderr: each read (capfd) truncates the capture file after reading it,
+    losing any line the node writes in between.
+    """
+    from rclpy.impl.implementation_singleton import rclpy_implementation
+
+    lines: list[str] = []
+    lock = threading.Lock()
+    emit = rclpy_implementation.rclpy_logging_rcutils_log
+
+    def recording_emit(severity: int, name: str, message: str, *caller: object) -> None:
+        if name == "timely_llm_server":
+            with lock:
+                lines.append(message)
+        emit(severity, name, message, *caller)
+
+    monkeypatch.setattr(rclpy_implementation, "rclpy_logging_rcutils_log", recording_emit)
+
+    def logged() -> str:
+        with lock:
+            return "\n".join(lines)
+
+    return logged

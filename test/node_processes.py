@@ -141,7 +141,7 @@ def _value(v: object) -> object:
 
 def serve_one_goal(link: PlanLink, server: Running) -> None:
     server.wait_for(link.action.server_is_ready, "action server")
-    robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(load_skill_models()["tello"], time_scale=0.1))
+    robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(load_skill_models()["tello"], time_scale=0.1))
     try:
         outcome = robot.request(load_catalog()[TRACE_ID].prompt, None, TRACE_ID)
         server.wait_for(outcome.finished.done, "goal result")

@@ -261,7 +261,7 @@ def test_launch_file_with_no_arguments_serves_a_free_text_task(launch_packages: 
         assert parameters_of(link.node, server, ["engine", "model", "vllm.max_num_seqs"]) == {
             "engine": "vllm", "model": "smollm2", "vllm.max_num_seqs": 64}
         server.wait_for(link.action.server_is_ready, "action server")
-        robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(tello, time_scale=0.1))
+        robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(tello, time_scale=0.1))
         try:
             outcome = robot.request(FREE_TEXT_TASK)
             server.wait_for(outcome.finished.done, "goal result")

@@ -77,14 +77,14 @@ def test_a_burst_of_300_goals_from_300_robots_all_end_and_the_node_serves_on(nod
     node = node_process(segment_timeout_margin=60.0)
     assert link.wait_for_server(30.0)
     traces = sorted(CATALOG.traces)
-    sent = [send(link, f"burst-{i}", traces[i % len(traces)]) for i in range(BURST)]
+    sent = [send(link, f"burst_{i}", traces[i % len(traces)]) for i in range(BURST)]
     ended = wait_all([outcome for _, outcome in sent], time.monotonic() + BURST_TIMEOUT_S)
     statuses = Counter(o.status if o else "no answer" for o in ended)
     assert statuses == {"succeeded": BURST}, statuses
     for outcome in ended:
         assert outcome.result_after_segments and outcome.result.num_segments == len(outcome.segments)
 
-    sent.append(send(link, "after-burst", 7))
+    sent.append(send(link, "after_burst", 7))
     assert sent[-1][1].wait(BURST_TIMEOUT_S).status == "succeeded"
     for robot, _ in sent:
         robot.close()
@@ -96,7 +96,7 @@ def test_a_signal_aborts_every_goal_in_flight_with_its_result_and_exits_0(node_p
                                                                           signum: int) -> None:
     node = node_process(segment_timeout_margin=60.0)
     assert link.wait_for_server(30.0)
-    sent = [send(link, f"mute-{i}", 6 + i % 3, report=False) for i in range(50)]
+    sent = [send(link, f"mute_{i}", 6 + i % 3, report=False) for i in range(50)]
     for _, outcome in sent:  # in flight: accepted, planned, its robot never reports
         wait_until(lambda outcome=outcome: outcome.segments, BURST_TIMEOUT_S, "a segment of every goal")
     node.send_signal(signum)
@@ -146,7 +146,7 @@ def test_a_lifecycle_shutdown_request_aborts_every_goal_in_flight_with_its_resul
     node = node_process(segment_timeout_margin=60.0)
     assert link.wait_for_server(30.0)
     change_state = link.node.create_client(ChangeState, "/timely_llm_server/change_state")
-    sent = [send(link, f"mute-{i}", 6 + i % 3, report=False) for i in range(20)]
+    sent = [send(link, f"mute_{i}", 6 + i % 3, report=False) for i in range(20)]
     for _, outcome in sent:
         wait_until(lambda outcome=outcome: outcome.segments, BURST_TIMEOUT_S, "a segment of every goal")
     assert change_state.wait_for_service(timeout_sec=10.0)

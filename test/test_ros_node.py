@@ -150,16 +150,16 @@ def _urgent_wait(session: tuple, link: PlanLink, robots: Callable, policy: str) 
         assert link.wait_for_server()
         watch = StepWatch()
         watch.attach(node.server)
-        arms = [ask(robots(f"{policy}-arm{i}", "arm"), 9 + i % 3) for i in range(12)]
+        arms = [ask(robots(f"{policy}_arm{i}", "arm"), 9 + i % 3) for i in range(12)]
         wait_until(lambda: len(watch.arrived) == len(arms), RESULT_TIMEOUT_S, "every arm goal in the server")
         head_start = max(watch.arrived.values()) + ARM_HEAD_START_STEPS
         wait_until(lambda: watch.steps >= head_start, RESULT_TIMEOUT_S, "the arm plans generating")
-        urgent = ask(robots(f"{policy}-drone", "tello"), 6).wait(RESULT_TIMEOUT_S)
+        urgent = ask(robots(f"{policy}_drone", "tello"), 6).wait(RESULT_TIMEOUT_S)
         for arm in arms:
             arm.wait(RESULT_TIMEOUT_S)
-    drone = f"{policy}-drone"
+    drone = f"{policy}_drone"
     assert urgent.status == "succeeded" and all(arm.status == "succeeded" for arm in arms)
-    assert all(watch.done[f"{policy}-arm{i}"] > watch.arrived[drone] for i in range(12))  # amid them, indeed
+    assert all(watch.done[f"{policy}_arm{i}"] > watch.arrived[drone] for i in range(12))  # amid them, indeed
     return watch.first_segment[drone] - watch.arrived[drone]
 
 
@@ -265,7 +265,7 @@ def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Calla
     with TelloSimulator(state_port=tello_client_ports[1], time_scale=0.01) as drone, \
             TelloExecutor(drone.address, time_scale=0.01) as tello, server_node(session[1], session[0]):
         tello.dispatch("takeoff", [])
-        outcome = ask(robots("tello-1", runner=tello_runner(tello)), 6).wait(RESULT_TIMEOUT_S)
+        outcome = ask(robots("tello_1", runner=tello_runner(tello)), 6).wait(RESULT_TIMEOUT_S)
         commands = list(drone.commands)
     assert outcome.status == "succeeded", outcome.result.reason
     assert [c for c in commands if c.split()[0] in ("back", "up", "forward")] == ["back 80", "up 60", "forward 100"]
@@ -284,10 +284,10 @@ def test_skill_times_are_the_draws_simulated_skills_sleeps(trace: int) -> None:
 def test_simulated_fleet_flies_djitellopy_drones_and_arms(session: tuple, robots: Callable,
                                                           tello_client_ports: tuple[int, int]) -> None:
     scale = 0.1
-    with simulated_robots({"drone-a": "tello", "drone-b": "tello", "arm-a": "arm"}, SKILLS, CATALOG,
+    with simulated_robots({"drone_a": "tello", "drone_b": "tello", "arm_a": "arm"}, SKILLS, CATALOG,
                           time_scale=scale) as runners, server_node(session[1], session[0]):
         sent = [(trace, ask(robots(agent, CATALOG[trace].robot, runners[agent]), trace, label=f"t{trace}"))
-                for agent, trace in (("drone-a", 1), ("drone-b", 6), ("arm-a", 9))]
+                for agent, trace in (("drone_a", 1), ("drone_b", 6), ("arm_a", 9))]
         outcomes = [(trace, outcome.wait(RESULT_TIMEOUT_S)) for trace, outcome in sent]
 
     for trace, outcome in outcomes:
@@ -337,7 +337,7 @@ def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, ro
                      **{"vllm.max_num_seqs": 4}) as node:
         assert node.server.engine.max_batch == node.server.batch.max_batch == 4  # -p vllm.max_num_seqs:=4
         assert node.server.engine.device == "cpu"  # what /diagnostics reports as the device
-        sent = {trace: ask(robots(f"{robot}-{trace}", robot), trace) for trace, robot in
+        sent = {trace: ask(robots(f"{robot}_{trace}", robot), trace) for trace, robot in
                 ((6, "tello"), (2, "tello"), (9, "arm"))}
         outcomes = {trace: outcome.wait(RESULT_TIMEOUT_S) for trace, outcome in sent.items()}
 

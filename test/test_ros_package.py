@@ -34,6 +34,7 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.diagnostics import Snapshot, level_of
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
+from timely_llm.ros.names import report_topic
 from timely_llm.ros.node import NODE_EXECUTOR_THREADS, NodeStartError, TimelyLlmNode, spinning
 from timely_llm.ros.parameters import when_applied
 from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
@@ -167,7 +168,7 @@ def test_a_failed_configure_leaves_the_node_unconfigured_and_able_to_configure_a
         assert result.successful, result.reason
         assert _change(link.node, server, Transition.TRANSITION_CONFIGURE)
         assert _change(link.node, server, Transition.TRANSITION_ACTIVATE)
-        robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+        robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
         try:
             outcome = robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE).wait(TIMEOUT_S)
         finally:
@@ -292,7 +293,7 @@ def test_a_goal_without_execution_reports_succeeds_with_its_plan(session: tuple,
     """The goal `ros2 action send_goal /request_plan timely_llm/action/RequestPlan "{...}" --feedback` sends:
     a plain action client, no SegmentDone ever published."""
     reports: list[SegmentDone] = []
-    link.node.create_subscription(SegmentDone, "segment_done", reports.append, DEEP_RELIABLE)
+    link.node.create_subscription(SegmentDone, report_topic("cli"), reports.append, DEEP_RELIABLE)
     client = ActionClient(link.node, RequestPlan, "request_plan", **action_client_qos())
     with server_node(session[1], session[0], segment_timeout_factor=0.0, segment_timeout_margin=0.01):
         assert client.wait_for_server(TIMEOUT_S)
@@ -317,7 +318,7 @@ def test_two_namespaced_nodes_serve_their_own_fleets_at_once(session: tuple) -> 
             server_node(executor, context, namespace="fleet_b", policy="edf") as b, \
             client_node(session, "robots", "fleet_a") as node_a, client_node(session, "robots", "fleet_b") as node_b:
         fleets = {"fleet_a": PlanLink(node_a), "fleet_b": PlanLink(node_b)}
-        made = [RobotClient(link, f"{ns}-tello-{i}", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+        made = [RobotClient(link, f"{ns}_tello_{i}", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
                 for ns, link in fleets.items() for i in range(2)]
         try:
             outcomes = [robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE) for robot in made]
@@ -387,7 +388,7 @@ def test_segment_times_follow_ros_time(session: tuple, link: PlanLink) -> None:
     try:
         with server_node(session[1], session[0], use_sim_time=True) as node:
             wait_until(lambda: node.get_clock().now().nanoseconds >= sim_now * 1e9, TIMEOUT_S, "sim time")
-            robot = RobotClient(link, "tello-1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+            robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
             try:
                 outcome = robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE).wait(TIMEOUT_S)
             finally:

@@ -8,25 +8,26 @@ the status topic counts goals whose robot is executing; lifecycle transitions ga
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from guards import wait_until
-from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.lifecycle import TransitionCallbackReturn
+from rclpy.publisher import Publisher
 
 from timely_llm.core.skills import load_skill_models
+from timely_llm.ros import throttle
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import SegmentDone, ServerStatus
+from timely_llm.ros.names import report_topic
+from timely_llm.ros.qos import DEEP_RELIABLE
 from timely_llm.ros.robot_client import PlanLink, RobotClient, TaskOutcome
 from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
 
 RESULT_TIMEOUT_S = 60.0
-SERVER_NODE = "timely_llm_server"
 CATALOG = load_catalog()
 SKILLS = load_skill_models()
 
@@ -40,64 +41,57 @@ def whole_plan(outcome: TaskOutcome) -> None:
     wait_until(lambda: outcome.segments and outcome.segments[-1].final, RESULT_TIMEOUT_S, "the final segment")
 
 
-def report(link: PlanLink, agent: str, outcome: TaskOutcome, index: int, duration: float = 0.001,
-           success: bool = True, reason: str = "") -> None:
-    link.done_pub.publish(SegmentDone(agent_id=agent, request_id=outcome.segments[0].request_id, index=index,
-                                      duration=duration, success=success, reason=reason))
+Report = Callable[..., None]
 
 
-BAD_REPORTS = [  # (agent, index, duration, success, what the node logs)
+@pytest.fixture
+def report(link: PlanLink) -> Iterator[Report]:
+    """``report(agent, outcome, index, duration, success, reason, on=topic's agent)``: a SegmentDone for the
+    outcome's request naming ``agent``, published on ``<on>/segment_done`` (default: the agent's own) once the
+    node reads it."""
+    publishers: dict[str, Publisher] = {}
+
+    def send(agent: str, outcome: TaskOutcome, index: int, duration: float = 0.001, success: bool = True,
+             reason: str = "", on: str = "") -> None:
+        topic = report_topic(on or agent)
+        if topic not in publishers:
+            publishers[topic] = link.node.create_publisher(SegmentDone, topic, DEEP_RELIABLE)
+        wait_until(publishers[topic].get_subscription_count, RESULT_TIMEOUT_S, f"the node reading {topic}")
+        publishers[topic].publish(SegmentDone(agent_id=agent, request_id=outcome.segments[0].request_id,
+                                              index=index, duration=duration, success=success, reason=reason))
+
+    yield send
+    for publisher in publishers.values():
+        link.node.destroy_publisher(publisher)
+
+
+BAD_REPORTS = [  # (agent, index, duration, success, what the node logs), on the victim's topic
     ("victim", 0, math.nan, True, "not a finite"),
     ("victim", 0, math.inf, True, "not a finite"),
     ("victim", 0, -1.0, True, "not a finite, non-negative"),
     ("victim", 0, 1e308, True, "since its dispatch"),
     ("victim", 0, 1e308, True, "since its dispatch"),
     ("victim", 99, 0.001, True, "segment 99 was not dispatched"),
-    ("intruder", 0, 0.001, False, "agent 'intruder' did not send this goal"),
+    ("intruder", 0, 0.001, False, "it names agent 'intruder'"),
 ]
 
 
-@pytest.fixture
-def server_log(monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
-    """What the server node has logged so far, recorded where rclpy hands each line to rcutils.
-
-    Not read from captured stderr: each read (capfd) truncates the capture file after reading it,
-    losing any line the node writes in between.
-    """
-    lines: list[str] = []
-    lock = threading.Lock()
-    emit = rclpy_implementation.rclpy_logging_rcutils_log
-
-    def recording_emit(severity: int, name: str, message: str, *caller: object) -> None:
-        if name == SERVER_NODE:
-            with lock:
-                lines.append(message)
-        emit(severity, name, message, *caller)
-
-    monkeypatch.setattr(rclpy_implementation, "rclpy_logging_rcutils_log", recording_emit)
-
-    def logged() -> str:
-        with lock:
-            return "\n".join(lines)
-
-    return logged
-
-
-def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: tuple, link: PlanLink,
-                                                                     robots: Callable,
-                                                                     server_log: Callable[[], str]) -> None:
+def test_malformed_and_foreign_reports_are_refused_and_change_nothing(
+        session: tuple, robots: Callable, report: Report, server_log: Callable[[], str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throttle, "PERIOD_S", 0.0)  # every refusal logged
     with server_node(session[1], session[0], segment_timeout_margin=60.0):
         victim = ask(robots("victim", report=False), 2)
         bystander = ask(robots("bystander"), 7)
         whole_plan(victim)
         for agent, index, duration, success, _ in BAD_REPORTS:
-            report(link, agent, victim, index, duration, success, "sabotage")
-        report(link, "victim", victim, 0)
-        report(link, "victim", victim, 0)  # duplicate
+            report(agent, victim, index, duration, success, "sabotage", on="victim")
+        report("victim", victim, 0)
+        report("victim", victim, 0)  # duplicate
         wait_until(lambda: "segment 0 was already reported" in server_log(), RESULT_TIMEOUT_S, "the duplicate refused")
         assert not victim.finished.done()  # still waiting for its other segments: nothing was aborted
         for index in range(1, len(victim.segments)):
-            report(link, "victim", victim, index)
+            report("victim", victim, index)
         victim.wait(RESULT_TIMEOUT_S)
         assert bystander.wait(RESULT_TIMEOUT_S).status == "succeeded"
     for _, _, _, _, reason in BAD_REPORTS:
@@ -109,13 +103,13 @@ def test_malformed_and_foreign_reports_are_refused_and_change_nothing(session: t
 
 
 def test_a_skipped_segment_is_caught_by_the_watchdog_however_the_others_are_reported(
-        session: tuple, link: PlanLink, robots: Callable) -> None:
+        session: tuple, robots: Callable, report: Report) -> None:
     with server_node(session[1], session[0], segment_timeout_factor=1.0, segment_timeout_margin=0.5):
         outcome = ask(robots("skipper", report=False), 2)
         whole_plan(outcome)
         assert len(outcome.segments) >= 3
         for index in reversed(range(1, len(outcome.segments))):  # all but segment 0, out of order
-            report(link, "skipper", outcome, index)
+            report("skipper", outcome, index)
         outcome.wait(RESULT_TIMEOUT_S)
     assert outcome.status == "aborted" and "did not report segment 0 done" in outcome.result.reason
 
@@ -131,7 +125,8 @@ def test_final_marks_the_real_last_segment(session: tuple, robots: Callable, tra
     assert outcome.segments[-1].text.strip() and "".join(s.text for s in outcome.segments) == plan
 
 
-def test_status_counts_goals_whose_robot_is_executing(session: tuple, link: PlanLink, robots: Callable) -> None:
+def test_status_counts_goals_whose_robot_is_executing(session: tuple, link: PlanLink, robots: Callable,
+                                                     report: Report) -> None:
     statuses: list[ServerStatus] = []
     link.node.create_subscription(ServerStatus, "status", statuses.append, 100)
     with server_node(session[1], session[0], status_period=0.1, segment_timeout_margin=60.0):
@@ -144,7 +139,7 @@ def test_status_counts_goals_whose_robot_is_executing(session: tuple, link: Plan
         for outcome in stuck:
             whole_plan(outcome)
             for index in range(len(outcome.segments)):
-                report(link, outcome.segments[0].agent_id, outcome, index)
+                report(outcome.segments[0].agent_id, outcome, index)
             outcome.wait(RESULT_TIMEOUT_S)
         seen = len(statuses)
         wait_until(lambda: any(m.executing == 0 and m.finished == 2 for m in statuses[seen:]), RESULT_TIMEOUT_S,
@@ -214,5 +209,5 @@ def test_a_goal_answered_before_its_sender_registered_it_still_completes(session
     # response") and the goal never completes; PlanActionClient takes answers only once requests are registered.
     link.action._client_handle = _PausingAfterSend(link.action._client_handle, 0.5)
     with server_node(session[1], session[0]):
-        outcomes = [ask(robots(f"tello-{i}", "tello"), 6) for i in range(2)]
+        outcomes = [ask(robots(f"tello_{i}", "tello"), 6) for i in range(2)]
         assert [outcome.wait(RESULT_TIMEOUT_S).status for outcome in outcomes] == ["succeeded", "succeeded"]

@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
     _add_traffic_bench(sub.add_parser("traffic-bench", help="what each robot process receives on the action vs "
                                                              "the topic interface, for N robot processes"))
+    _add_security_policy(sub.add_parser("security-policy", help="SROS2 permission policies: one per robot (its own "
+                                        "topics, task_requests, the action) and one for the node"))
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))
     _add_profile(sub.add_parser("profile", help="fit a simulator hardware profile to measured vLLM steps"))
     _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
@@ -956,6 +958,28 @@ def _traffic_bench(args: argparse.Namespace) -> int:
     for robots in args.robots:
         for point in run_traffic(robots, args.goals, args.domain_id, args.time_scale, tuple(args.interfaces)):
             print(point.row(), flush=True)
+    return 0
+
+
+def _add_security_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agents", nargs="+", required=True, help="the robots' agent ids (ROS name tokens)")
+    p.add_argument("--out", type=Path, default=Path("sros2_policies"),
+                   help="directory for <agent>.policy.xml and timely_llm_server.policy.xml (default sros2_policies)")
+    p.add_argument("--namespace", default="/", help="the node's namespace (default /)")
+    p.add_argument("--robot-node", default="{agent}",
+                   help="each robot's node name, {agent} standing for its agent id (default {agent})")
+    p.set_defaults(run=_security_policy)
+
+
+def _security_policy(args: argparse.Namespace) -> int:
+    from timely_llm.ros.security_policy import write_policies
+
+    try:
+        written = write_policies(args.agents, args.out, args.namespace, args.robot_node)
+    except ValueError as exc:
+        raise SystemExit(f"timely-llm security-policy: {exc}") from None
+    for path in written:
+        print(path)
     return 0
 
 

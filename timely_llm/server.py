@@ -145,7 +145,8 @@ class Server:
                  on_segment: Callable[[Request, Segment], None] | None = None,
                  on_finish: Callable[[Request], None] | None = None,
                  features: Features = DEFAULT_FEATURES, estimator: ExecutionTimeEstimator | None = None,
-                 on_infeasible: Callable[[Request], None] | None = None) -> None:
+                 on_infeasible: Callable[[Request], None] | None = None,
+                 on_start: Callable[[Request], None] | None = None) -> None:
         """``features``: the scheduler parts on; they apply to the segmented policies only (the unsegmented
         ones are the vLLM baselines). ``estimator``: the engine's step-time model, needed by the ``timebill``
         feature (``ala`` derives its throughput prior from it when given)."""
@@ -162,6 +163,8 @@ class Server:
         self.on_finish = on_finish or (lambda request: None)
         self.on_infeasible = on_infeasible or (lambda request: None)
         """Told when a request that opted to keep waiting can no longer get utility >= 0."""
+        self.on_start = on_start or (lambda request: None)
+        """Told when a request's generation first starts in the engine."""
         self.requests: dict[str, Request] = {}
         self.lock = threading.RLock()
         self.counters: Counter[str] = Counter()
@@ -309,6 +312,9 @@ class Server:
             self.engine.start(spec)
         except EngineRejected as exc:  # a resumed generation is still the engine's to release
             self._finish(request, Status.ABORTED, f"engine rejected the request: {exc}", in_engine=resumed)
+            return
+        if not resumed:
+            self.on_start(request)
 
     def _step_engine(self) -> StepOutput | None:
         """One engine iteration; None when the engine failed, which ends the requests it was running."""

@@ -68,12 +68,14 @@ def build_server(config: ServerConfig, engine: Engine, robots: dict[str, SkillMo
                  clock: VirtualClock | WallClock, *,
                  on_segment: Callable[[Request, Segment], None] | None = None,
                  on_finish: Callable[[Request], None] | None = None,
-                 on_infeasible: Callable[[Request], None] | None = None) -> Server:
+                 on_infeasible: Callable[[Request], None] | None = None,
+                 on_start: Callable[[Request], None] | None = None) -> Server:
     """The server ``config`` describes, on ``engine``, for ``robots``, told of dispatched segments, ended
-    requests and requests that can no longer be served in time through the callbacks."""
+    requests, requests that can no longer be served in time and generations started through the callbacks."""
     return Server(engine, robots, config.serving_policy, clock, config.network_latency, config.max_batch,
                   config.default_max_new_tokens, on_segment=on_segment, on_finish=on_finish,
-                  features=config.features, estimator=config.estimator(), on_infeasible=on_infeasible)
+                  features=config.features, estimator=config.estimator(), on_infeasible=on_infeasible,
+                  on_start=on_start)
 
 
 class Driver:

@@ -121,7 +121,7 @@ class EngineLoader:
         engine = self._make_engine(config)
         desk = self._desk
         server = build_server(config, engine, skills, self._clock, on_segment=desk.on_segment,
-                              on_finish=desk.on_finish, on_infeasible=desk.on_infeasible)
+                              on_finish=desk.on_finish, on_infeasible=desk.on_infeasible, on_start=desk.on_start)
         for robot in sorted(skills):
             server.warm_prefix(engine.tokenizer.encode(skills[robot].prompt_text("")))
         for trace in self._catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)

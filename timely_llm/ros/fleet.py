@@ -86,7 +86,7 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     called with the number of requests ended so far, each time one ends. With ``generate`` a
     request carries its trace's task text but no trace id, so the node generates the plan (at
     most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one. Robots ask over
-    ``interface``: the ``request_plan`` action, or the ``task_requests`` topic (as :func:`ros_agent_id` of their names).
+    ``interface``: the ``request_plan`` action or the ``task_requests`` topic, as :func:`ros_agent_id` of their names.
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
@@ -117,7 +117,7 @@ def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[st
     if interface != "action":
         raise ValueError(f"interface must be action or topic, got {interface!r}")
     link = PlanLink(node)
-    return link, {agent: RobotClient(link, agent, robot, runners[agent], network_delay=network_delay)
+    return link, {agent: RobotClient(link, ros_agent_id(agent), robot, runners[agent], network_delay=network_delay)
                   for agent, robot in agents.items()}
 
 

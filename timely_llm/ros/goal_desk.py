@@ -8,27 +8,40 @@ import collections
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 
+from action_msgs.msg import GoalInfo, GoalStatus
+from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.errors import RequestRejected
-from timely_llm.ros.goals import MAX_ID_CHARS, GoalRules, plan_from_goal
-from timely_llm.ros.interfaces import RequestPlan, TaskRequest
+from timely_llm.ros.agents import AgentTopics
+from timely_llm.ros.goals import GoalRules, plan_from_goal
+from timely_llm.ros.interfaces import RequestPlan, SegmentDone, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.messages import aborted_result, result_message, segment_message
+from timely_llm.ros.names import MAX_ID_CHARS, REQUEST_PLAN
 from timely_llm.ros.qos import action_server_qos
+from timely_llm.ros.reports import instant
 from timely_llm.ros.server_loop import ServerLoop, cancel
+from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.ros.topic_requests import TopicRequests
 from timely_llm.server import PlanRequest, Server
+
+EXECUTING = "executing"
+"""The outbox's word that a request's generation runs: its goal goes EXECUTING."""
 
 
 class GoalDesk:
     """Goals and topic requests from robots to the server loop; segments and ends from the Server to the robots."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object) -> None:
+    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object,
+                 on_report: Callable[[str, SegmentDone], None]) -> None:
+        """``on_report(agent, report)``: a report that came on ``agent``'s own topic (``robot_reports``)."""
         self._node, self._loop, self._ledger = node, loop, ledger
         self.serving = False  # active: goals are accepted
         self.rules: GoalRules | None = None  # set at configure, and by live parameters
@@ -37,20 +50,25 @@ class GoalDesk:
         self._group = node.goals_group  # goal, cancel, result requests, outbox: one at a time
         self._guarded = guarded
         self._outbox_ready = node.create_guard_condition(guarded(self._drain_outbox), callback_group=self._group)
-        self.topics = TopicRequests(node, self._start_topic_request, self._group)
+        self._log = ThrottledLog(node.get_logger().warning)
+        self.agents = AgentTopics(node, ledger.agents, lambda agent, report: on_report(
+            agent, self.topics.to_node(report)), self._group)
+        self.topics = TopicRequests(node, self._start_topic_request, self._cancel_topic_request, self.agents,
+                                    self._group)
         self._action: ActionServer | None = None
 
     def open(self, result_timeout: float) -> None:
         """The ``request_plan`` action and the ``task_requests`` topic."""
         self.topics.open()
-        self._action = ActionServer(self._node, RequestPlan, "request_plan", execute_callback=_conclude,
-                                    callback_group=self._group,
+        self._action = OwnGoalsActionServer(self._node, RequestPlan, REQUEST_PLAN, execute_callback=_conclude,
+                                    on_refused_cancel=self._log.warn, callback_group=self._group,
                                     goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
                                     handle_accepted_callback=self._guarded(self._on_accepted),
                                     cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
                                     result_timeout=result_timeout, **action_server_qos())
 
     def destroy(self) -> None:
+        self.agents.close()
         if self._action is not None:
             self._action.destroy()
 
@@ -64,8 +82,12 @@ class GoalDesk:
         try:
             self._check_serving()
             plan = plan_from_goal(goal, "", self.rules)
+            too_many = self.agents.admit(goal.agent_id)
+            if too_many:
+                raise RequestRejected(too_many)
         except RequestRejected as exc:
-            self._node.get_logger().warning(f"rejected goal from {goal.agent_id[:MAX_ID_CHARS]!r}: {exc}")
+            agent = goal.agent_id[:MAX_ID_CHARS]
+            self._log.warn(agent, f"rejected goal from {agent!r}: {exc}")
             return GoalResponse.REJECT
         self._checked = (id(goal), plan)  # rclpy passes no goal id here; its accepted callback comes next
         return GoalResponse.ACCEPT
@@ -93,6 +115,10 @@ class GoalDesk:
         plan = plan_from_goal(request, request_id, self.rules)
         self._ledger.open(request_id, request.agent_id, not request.no_execution_reports)
         self._loop.send(functools.partial(self._submit, dataclasses.replace(plan, arrival=self._loop.clock.now())))
+
+    def _cancel_topic_request(self, request_id: str) -> None:
+        if request_id in self._ledger:
+            self._loop.send(functools.partial(cancel, request_id))
 
     def _on_cancel(self, goal_handle) -> CancelResponse:  # noqa: ANN001 - rclpy ServerGoalHandle
         request_id = goal_handle.goal_id.uuid.tobytes().hex()
@@ -123,11 +149,14 @@ class GoalDesk:
 
     # ----- the Server's callbacks (server loop, holding the server lock): queue and wake the executor -----
 
+    def on_start(self, request: Request) -> None:
+        self._post(request.id, EXECUTING)
+
     def on_segment(self, request: Request, segment: Segment) -> None:
         try:
             message = segment_message(request, segment, self._ros_time)
-            self._ledger.dispatched(request.id, segment.index, segment.est_exec_time, self._loop.clock.now(),
-                                    request.prev_end_est)
+            self._ledger.dispatched(request.id, segment.index, segment.est_exec_time,
+                                    instant(self._node.get_clock(), self._loop.clock), request.prev_end_est)
         except Exception as exc:  # noqa: BLE001 - this request only, and not in the middle of the step
             reason = f"internal error sending segment {segment.index}: {exc!r}"
             self._loop.send(lambda server: server.abort(request.id, reason))
@@ -171,14 +200,25 @@ class GoalDesk:
     def _deliver(self, request_id: str, item: object) -> None:
         if self.topics.deliver(request_id, item):
             return
-        if isinstance(item, RequestPlan.Feedback):
+        if item is EXECUTING or isinstance(item, RequestPlan.Feedback):
             goal_handle = self._ledger.goal(request_id)
-            if goal_handle is not None:
+            if goal_handle is None:
+                return
+            if isinstance(item, RequestPlan.Feedback):
                 goal_handle.publish_feedback(item)
+            elif goal_handle.status == GoalStatus.STATUS_ACCEPTED:  # not CANCELING
+                # rclpy moves a goal to EXECUTING only in execute(), which runs its callback at once and would
+                # end the goal; its callback runs when the goal ends (see the node's thread model).
+                goal_handle._update_state(_rclpy.GoalEvent.EXECUTE)
             return
         goal_handle = self._ledger.to_conclude(request_id)
-        if goal_handle is not None:
-            goal_handle.execute(functools.partial(self._conclude_with, item))
+        if goal_handle is None:
+            return
+        conclude = functools.partial(self._conclude_with, item)
+        if goal_handle.status == GoalStatus.STATUS_EXECUTING:
+            self._action.notify_execute(goal_handle, conclude)
+        else:
+            goal_handle.execute(conclude)
 
     def _conclude_with(self, result: RequestPlan.Result, goal_handle) -> RequestPlan.Result:  # noqa: ANN001
         """Execute callback of an ended request: set the goal's final state and return its result."""
@@ -196,6 +236,39 @@ class GoalDesk:
         (log.debug if result.status == Status.SUCCEEDED.value else log.info)(
             f"request {request_id} {result.status} {result.reason}".rstrip())
         return result
+
+
+class OwnGoalsActionServer(ActionServer):
+    """rclpy's ActionServer honouring only cancels that name one goal. ROS lets a CancelGoal request with a zero
+    goal id cancel every goal (with a stamp: every goal accepted before it, whatever the id), so any one client
+    could end every robot's plan; such a request is refused whole (``ERROR_REJECTED``, no goal canceling) and
+    ``on_refused_cancel(client, line)`` told. Which client sent it is not known: they share one throttle."""
+
+    def __init__(self, *args: object, on_refused_cancel: Callable[[str, str], None], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_refused_cancel = on_refused_cancel
+
+    async def _execute_cancel_request(self, request_header_and_message: tuple) -> None:
+        request_header, request = request_header_and_message
+        refused = cancel_scope_error(request.goal_info)
+        if refused is None:
+            await super()._execute_cancel_request(request_header_and_message)
+            return
+        self._on_refused_cancel("cancel requests", f"refused a cancel request: {refused}")
+        try:
+            self._handle.send_cancel_response(request_header, CancelGoal.Response(
+                return_code=CancelGoal.Response.ERROR_REJECTED))
+        except _rclpy.RCLError:
+            pass  # the client went away
+
+
+def cancel_scope_error(goal_info: GoalInfo) -> str | None:
+    """Why a cancel request reaches beyond the one goal it names, or None."""
+    if not any(goal_info.goal_id.uuid):
+        return "a zero goal id cancels every robot's goals; cancel your own by its goal id"
+    if goal_info.stamp.sec or goal_info.stamp.nanosec:
+        return "a stamp cancels every goal accepted before it; cancel your own by its goal id alone"
+    return None
 
 
 def _conclude(goal_handle) -> RequestPlan.Result:  # noqa: ANN001 - rclpy ServerGoalHandle

@@ -11,10 +11,10 @@ from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.interfaces import RequestPlan, TaskRequest
+from timely_llm.ros.names import MAX_ID_CHARS, agent_id_error
 from timely_llm.server import PlanRequest
 from timely_llm.workloads.traces import Trace, TraceCatalog
 
-MAX_ID_CHARS = 256
 MAX_ERT_S = 3600.0
 MAX_TUF_SLOPE = 1e6
 MAX_TUF_BETA = 1e6
@@ -39,10 +39,9 @@ class GoalRules:
 
 def plan_from_goal(goal: Goal, request_id: str, rules: GoalRules) -> PlanRequest:
     """The PlanRequest for a goal; RequestRejected says why a malformed goal cannot be served."""
-    if not goal.agent_id.strip():
-        raise RequestRejected("empty agent id")
-    if len(goal.agent_id) > MAX_ID_CHARS:
-        raise RequestRejected(f"agent id longer than {MAX_ID_CHARS} characters")
+    unnamed = agent_id_error(goal.agent_id)
+    if unnamed:
+        raise RequestRejected(unnamed)
     if not goal.task.strip():
         raise RequestRejected("empty task")
     if len(goal.task) > rules.max_task_chars:

@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from timely_llm.ros.interfaces import SegmentDone
-from timely_llm.ros.reports import ReportBook
+from timely_llm.ros.reports import Instant, ReportBook
 
 
 @dataclass
@@ -65,6 +65,11 @@ class Ledger:
         with self._lock:
             return self._reports.live()
 
+    def agents(self) -> set[str]:
+        """The agents with a request in flight."""
+        with self._lock:
+            return self._reports.agents()
+
     def close(self, request_id: str) -> None:
         with self._lock:
             self._reports.close(request_id)
@@ -75,19 +80,19 @@ class Ledger:
             self._totals[category].add(utility)
             self.finished += 1
 
-    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: float, est_end: float) -> None:
+    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: Instant, est_end: float) -> None:
         with self._lock:
             self._reports.dispatched(request_id, index, est_exec_time, now, est_end)
 
-    def take(self, report: SegmentDone, now: float) -> str | None:
-        """The robot's report recorded; else why it is refused."""
+    def take(self, report: SegmentDone, now: Instant) -> Instant:
+        """The robot's report recorded; when its segment was dispatched (ReportRefused: why not)."""
         with self._lock:
             return self._reports.take(report, now)
 
-    def overdue_and_due(self, now: float) -> tuple[list[tuple[str, int]], list[tuple[str, int, float, float]]]:
+    def overdue_and_due(self, now: Instant) -> tuple[list[tuple[str, int]], list[tuple[str, int, float, float]]]:
         """Segments whose report is overdue; segments of goals without reports whose estimated end has passed."""
         with self._lock:
-            return self._reports.expired(now), self._reports.due(now)
+            return self._reports.expired(now.node), self._reports.due(now.server)
 
     def executing(self) -> int:
         with self._lock:

@@ -4,8 +4,8 @@ The node runs as a process of its own (``python -m timely_llm.ros.node``, sim en
 so its CPU time and resident memory are read from ``/proc`` alone. A swarm of simulated
 robots shares one client node: every robot sends a goal, executes each segment as it
 arrives (its skill-model time, scaled, on a timer rather than a thread per robot),
-reports it done, and sends its next goal once the result is in, so every robot always
-has a goal in flight. Measured: goals in flight, goal-accept latency (from sending the
+reports it done on its own ``<agent>/segment_done``, and sends its next goal once the result
+is in, so every robot always has a goal in flight. Measured: goals in flight, goal-accept latency (from sending the
 goal to its acceptance reaching the robot), goals ended per second, the node's CPU and
 RSS; and the node's RSS after 1,000 and after 10,000 goals.
 """
@@ -32,11 +32,13 @@ from dataclasses import dataclass, field
 
 from action_msgs.msg import GoalStatus
 from rclpy.node import Node
+from rclpy.publisher import Publisher
 
 from timely_llm.core.skills import SkillModel
 from timely_llm.ros.fleet import ros_session
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
-from timely_llm.ros.robot_client import PlanLink
+from timely_llm.ros.names import report_topic
+from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink, robot_publisher
 from timely_llm.workloads.traces import TraceCatalog
 
 SERVER_WAIT_S = 60.0
@@ -155,8 +157,11 @@ class Swarm:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sending: bool = True
     _timers: Timers = field(default_factory=Timers)
+    _report_pubs: list[Publisher] = field(default_factory=list)
 
     def start(self) -> None:
+        self._report_pubs = [robot_publisher(self.link.node, SegmentDone, report_topic(_agent_id(agent)))
+                             for agent in range(self.agents)]
         for agent in range(self.agents):
             self._send(agent)
 
@@ -180,7 +185,7 @@ class Swarm:
     def _send(self, agent: int) -> None:
         traces = self._traces(agent)
         trace = self.catalog[traces[len(self.goals) % len(traces)]]
-        goal = RequestPlan.Goal(agent_id=f"robot-{agent}", robot_type=trace.robot, task=trace.prompt,
+        goal = RequestPlan.Goal(agent_id=_agent_id(agent), robot_type=trace.robot, task=trace.prompt,
                                 trace_id=trace.id)
         times = GoalTimes(time.monotonic())
         with self._lock:
@@ -207,9 +212,17 @@ class Swarm:
         with self._lock:
             start = max(time.monotonic(), self._lane_free.get(segment.request_id, 0.0))
             self._lane_free[segment.request_id] = start + seconds
-        report = SegmentDone(agent_id=f"robot-{agent}", request_id=segment.request_id, index=segment.index,
+        report = SegmentDone(agent_id=_agent_id(agent), request_id=segment.request_id, index=segment.index,
                              duration=seconds, success=True)
-        self._timers.at(start + seconds, functools.partial(self.link.done_pub.publish, report))
+        self._timers.at(start + seconds, functools.partial(self._report, agent, report))
+
+    def _report(self, agent: int, report: SegmentDone) -> None:
+        """Publish once the node reads the robot's topic (it subscribes as it accepts the robot's first goal)."""
+        publisher = self._report_pubs[agent]
+        if publisher.get_subscription_count():
+            publisher.publish(report)
+        else:
+            self._timers.at(time.monotonic() + MATCH_POLL_S, functools.partial(self._report, agent, report))
 
     def _ended(self, agent: int, times: GoalTimes, status: str, request_id: str = "") -> None:
         times.ended, times.status = time.monotonic(), status
@@ -217,6 +230,10 @@ class Swarm:
             self._lane_free.pop(request_id, None)
         if self._sending:
             self._send(agent)
+
+
+def _agent_id(agent: int) -> str:
+    return f"robot_{agent}"
 
 
 @dataclass

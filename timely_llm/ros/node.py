@@ -2,20 +2,23 @@
 
 Robots send ``RequestPlan`` goals (or ``task_requests`` on a topic); each plan segment comes back as feedback the
 moment the server dispatches it, and the result once the robot has reported every segment executed
-(``segment_done``), or, for a goal with ``no_execution_reports``, once the last segment's estimated execution end
-has passed. Lifecycle: configure loads the engine and starts the server loop, activate accepts goals, deactivate
-aborts the goals in flight ("server deactivated"), cleanup frees the engine, shutdown aborts what is in flight
-("server shutting down") and waits briefly for the results to go out. Parameter ``autostart`` (default true)
-configures and activates once the node spins, so no lifecycle manager is needed.
+(on its own ``<agent_id>/segment_done``: ``agents``), or, for a goal with ``no_execution_reports``, once the
+last segment's estimated execution end has passed. Lifecycle: configure loads the engine and starts the server
+loop, activate accepts goals, deactivate aborts the goals in flight ("server deactivated"), cleanup frees the
+engine, shutdown aborts what is in flight ("server shutting down") and waits briefly for the results to go out.
+Parameter ``autostart`` (default true) configures and activates once the node spins, so no lifecycle manager is
+needed.
 
 Thread model. No thread waits on a goal, and only the server loop calls the Server.
 
 - The executor (single-threaded in ``main``; a MultiThreadedExecutor where clients share the session) runs every
-  ROS callback. Goals, cancels and topic requests (``goal_desk``), robots' reports and the watchdog
-  (``robot_reports``) are checked and time-stamped there and queued as commands in the loop's *inbox*. It also
-  drains the *outbox*: feedback is published, and an ended goal's execute callback runs once, setting the final
-  state and returning the result (a goal stays ACCEPTED until then: an ``async`` execute callback per goal would
-  cost O(goals) per executor wake-up). Status and diagnostics (``status``) read the Server under its own lock.
+  ROS callback but the robots' own topics', which the topic pump's thread runs (``agents``). Goals, cancels and
+  topic requests (``goal_desk``), robots' reports and the watchdog (``robot_reports``, on the node's ROS clock)
+  are checked and time-stamped there and queued as commands in the
+  loop's *inbox*. It also drains the *outbox*: feedback is published, a goal whose generation started goes
+  EXECUTING, and an ended goal's execute callback runs once, setting the final state and returning the result (no
+  execute callback runs before: an ``async`` one per goal would cost O(goals) per executor wake-up). Status and
+  diagnostics (``status``) read the Server under its own lock.
 - The server loop (``server_loop``, one thread per configured server) applies the inbox between engine steps. The
   Server's callbacks run on it and queue segments and ends in the outbox, then trigger a guard condition that
   wakes the executor.
@@ -27,7 +30,9 @@ Thread model. No thread waits on a goal, and only the server loop calls the Serv
 Inbox and outbox are deques with one consumer each, so they need no lock. Locks: ``_transition_lock`` (an RLock)
 lets one transition run at a time, from whichever thread asks; the Ledger's lock (``ledger``) guards what the
 executor, the loop and the finalize thread share: the robots' reports, the goal handles still to conclude, the
-status totals; TopicRequests' lock guards which topic request is whose, read by the reports' callback group too;
+status totals; TopicRequests' lock guards which topic request is whose, read by the reports' callback group too
+(the per-agent endpoints, ``agents``, are made and dropped in the goals' callback group alone, and the topic pump's
+thread, ``topic_pump``, takes the robots' reports and cancels off them);
 the Server's own lock is held by the loop while it decides, and briefly by the status readers.
 """
 
@@ -184,8 +189,8 @@ class TimelyLlmNode(LifecycleNode):
         regroup_lifecycle_services(self, self._transitions, self._transition_lock)
         self.goals_group = MutuallyExclusiveCallbackGroup()  # goal, cancel, result requests, outbox: one at a time
         self._loop, self._ledger = ServerLoop(self.clock, self.get_logger()), Ledger()
-        self._desk = GoalDesk(self, self._loop, self._ledger, self._guarded)
-        RobotReports(self, self._loop, self._ledger, self._desk.topics, self._guarded)
+        reports = RobotReports(self, self._loop, self._ledger, self._guarded)
+        self._desk = GoalDesk(self, self._loop, self._ledger, self._guarded, reports.take)
         self._reporter = StatusReporter(self, self._loop, self._ledger, self._desk, self._guarded)
         LiveParameters(self, self._loop, self._ledger, self._desk, self._reporter, self._guarded)
         self._loader = EngineLoader(self, self.clock, self._desk, self._shutting_down)

@@ -16,7 +16,13 @@ drops the oldest: more than the 1,000 goals in flight the node is sized for."""
 
 DEEP_RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=BURST_DEPTH,
                            reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
-"""The request path: the action's three services, its feedback topic and ``segment_done``."""
+"""The request path: the action's three services, its feedback topic, ``task_requests``, and each robot's
+``<agent_id>/segment_done`` and ``<agent_id>/cancel``."""
+
+AGENT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+"""``<agent_id>/segments`` and ``<agent_id>/plan_result``, on the node and on the robot (``topic_requests``): a
+late reader gets the last 100 messages, a robot's few plans in flight."""
 
 SERVER_STATUS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
 """``status`` (ServerStatus): periodic, only the latest matters."""

@@ -5,11 +5,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from timely_llm.ros.goals import MAX_ID_CHARS
 from timely_llm.ros.interfaces import SegmentDone
+from timely_llm.ros.names import MAX_ID_CHARS
 
 REPORT_SLACK_S = 1.0
 """A reported duration may exceed the time since its segment was dispatched by this much (clock granularity)."""
+
+
+@dataclass(frozen=True)
+class Instant:
+    """One moment on the node's two clocks: ``node``, its ROS clock (the simulation's with ``use_sim_time``), on
+    which robots report and the watchdog counts; ``server``, the scheduler's (monotonic wall time)."""
+
+    node: float
+    server: float
+
+
+def instant(ros_clock: object, server_clock: object) -> Instant:
+    """Now on the node's ROS clock (an rclpy Clock) and on the server's."""
+    return Instant(ros_clock.now().nanoseconds * 1e-9, server_clock.now())
+
+
+class ReportRefused(ValueError):
+    """Why a report is not applied (nothing changed)."""
 
 
 @dataclass
@@ -17,9 +35,10 @@ class _Awaited:
     """A dispatched segment whose SegmentDone has not come yet."""
 
     est_exec_time: float
-    dispatched_at: float
+    dispatched: Instant
     deadline: float
-    """By when its report must come; for a request without reports, its estimated execution end."""
+    """By when its report must come, on the node's clock; for a request without reports, its estimated execution
+    end on the server's."""
 
 
 @dataclass
@@ -47,6 +66,8 @@ class ReportBook:
 
     A request opened without reports has no deadlines: its segments fall ``due`` at their estimated
     execution end instead, as if reported then.
+
+    Reports and deadlines are measured on the node's clock, the estimated ends (the scheduler's) on the server's.
     """
 
     factor: float
@@ -62,11 +83,15 @@ class ReportBook:
     def live(self) -> list[str]:
         return list(self._lanes)
 
+    def agents(self) -> set[str]:
+        """The agents with a request in flight."""
+        return {lane.agent for lane in self._lanes.values()}
+
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._lanes
 
-    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: float, est_end: float) -> None:
-        """Segment ``index`` went out at ``now``; ``est_end``: when it is estimated to be executed."""
+    def dispatched(self, request_id: str, index: int, est_exec_time: float, now: Instant, est_end: float) -> None:
+        """Segment ``index`` went out at ``now``; ``est_end``: when it is estimated to be executed (server clock)."""
         lane = self._lanes.get(request_id)
         if lane is None:
             return
@@ -75,37 +100,38 @@ class ReportBook:
             lane.awaited[index] = _Awaited(est_exec_time, now, est_end)
             return
         ahead = math.fsum(s.est_exec_time for s in lane.awaited.values()) + est_exec_time
-        lane.awaited[index] = _Awaited(est_exec_time, now, now + self.factor * ahead + self.margin)
+        lane.awaited[index] = _Awaited(est_exec_time, now, now.node + self.factor * ahead + self.margin)
 
-    def take(self, report: SegmentDone, now: float) -> str | None:
-        """Record a report, or say why it is refused (then nothing changes)."""
+    def take(self, report: SegmentDone, now: Instant) -> Instant:
+        """Record a report; when its segment was dispatched. ReportRefused says why it is not (nothing changes)."""
         lane = self._lanes.get(report.request_id)
         if lane is None:
-            return "no such goal in flight"
+            raise ReportRefused("no such goal in flight")
         if report.agent_id != lane.agent:
-            return f"agent {report.agent_id[:MAX_ID_CHARS]!r} did not send this goal"
+            raise ReportRefused(f"agent {report.agent_id[:MAX_ID_CHARS]!r} did not send this goal")
         if not lane.reports:
-            return "the goal was sent with no_execution_reports"
+            raise ReportRefused("the goal was sent with no_execution_reports")
         if report.index >= lane.dispatched:
-            return f"segment {report.index} was not dispatched ({lane.dispatched} so far)"
+            raise ReportRefused(f"segment {report.index} was not dispatched ({lane.dispatched} so far)")
         segment = lane.awaited.get(report.index)
         if segment is None:
-            return f"segment {report.index} was already reported"
-        duration = report.duration
+            raise ReportRefused(f"segment {report.index} was already reported")
+        duration, since = report.duration, now.node - segment.dispatched.node
         if not math.isfinite(duration) or duration < 0:
-            return f"duration {duration!r} is not a finite, non-negative number of seconds"
-        if duration > now - segment.dispatched_at + REPORT_SLACK_S:
-            return f"duration {duration:.6g} s exceeds the {now - segment.dispatched_at:.3f} s since its dispatch"
+            raise ReportRefused(f"duration {duration!r} is not a finite, non-negative number of seconds")
+        if duration > since + REPORT_SLACK_S:
+            raise ReportRefused(f"duration {duration:.6g} s exceeds the {since:.3f} s since its dispatch")
         del lane.awaited[report.index]
         ahead = 0.0
         for index, later in lane.awaited.items():
             if index > report.index:
                 ahead += later.est_exec_time
-                later.deadline = max(later.deadline, now + self.factor * ahead + self.margin)
-        return None
+                later.deadline = max(later.deadline, now.node + self.factor * ahead + self.margin)
+        return segment.dispatched
 
     def expired(self, now: float) -> list[tuple[str, int]]:
-        """(request, first overdue segment) for each request whose robot just missed a deadline (once each)."""
+        """(request, first overdue segment) for each request whose robot just missed a deadline (once each);
+        ``now`` on the node's clock."""
         overdue = []
         for request_id, lane in self._lanes.items():
             if not lane.reports or lane.overdue:
@@ -118,7 +144,7 @@ class ReportBook:
 
     def due(self, now: float) -> list[tuple[str, int, float, float]]:
         """(request, segment, estimated execution start, end) of each segment of a request without reports whose
-        estimated end has passed; each is handed out once."""
+        estimated end has passed (``now`` and the times on the server's clock); each is handed out once."""
         due = []
         for request_id, lane in self._lanes.items():
             if lane.reports:

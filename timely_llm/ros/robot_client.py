@@ -2,12 +2,14 @@
 
 A :class:`RobotClient` is one robot. It sends ``RequestPlan`` goals with its TUF, runs
 every feedback segment through a :data:`SegmentRunner` on a worker thread of its own
-(segments of a plan run in order, one at a time) and publishes ``SegmentDone``.
+(segments of a plan run in order, one at a time) and publishes ``SegmentDone`` on its own
+``<agent_id>/segment_done`` (relative to the node's namespace; the agent id must be a ROS name token).
 Several robots can share one node (see :class:`PlanLink`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import threading
@@ -20,7 +22,10 @@ from typing import Any
 
 from rclpy.action import ActionClient
 from rclpy.action.client import ClientGoalHandle
+from rclpy.event_handler import PublisherEventCallbacks
+from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
+from rclpy.publisher import Publisher
 from rclpy.task import Future as RclpyFuture
 
 from timely_llm.core.skills import SkillModel
@@ -31,10 +36,15 @@ from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import TelloExecutor
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.names import REQUEST_PLAN, agent_id_error, report_topic
 from timely_llm.ros.qos import DEEP_RELIABLE, action_client_qos
 
 SegmentRunner = Callable[[SegmentMsg, str], SegmentResult]
 """Executes one segment of the task labelled ``label`` and says how it went."""
+
+REPORT_MATCH_S = 10.0
+"""How long a report waits for the node's subscription to this robot's topic before it is sent regardless."""
+MATCH_POLL_S = 0.01
 
 
 @dataclass
@@ -131,13 +141,20 @@ class PlanActionClient(ActionClient):
             return super()._get_result_async(goal_handle)
 
 
+def robot_publisher(node: Node, msg_type: type, topic: str) -> Publisher:
+    """A publisher of one robot among many on ``node``, without rclpy's default QoS-event handlers: they only log
+    incompatible QoS, but add two waitables per publisher that each wake-up of the node's executor walks (500
+    robots' publishers: 4.7 ms of CPU per wake-up instead of 0.04 ms on this project's 2-core machine)."""
+    return node.create_publisher(msg_type, topic, DEEP_RELIABLE,
+                                 event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
+
+
 class PlanLink:
-    """A node's action client and ``SegmentDone`` publisher, shared by the robots on that node."""
+    """A node's action client, shared by the robots on that node."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.action = PlanActionClient(node, RequestPlan, "request_plan", **action_client_qos())
-        self.done_pub = node.create_publisher(SegmentDone, "segment_done", DEEP_RELIABLE)
+        self.action = PlanActionClient(node, RequestPlan, REQUEST_PLAN, **action_client_qos())
 
     def wait_for_server(self, timeout_s: float = 30.0) -> bool:
         return self.action.wait_for_server(timeout_sec=timeout_s)
@@ -158,6 +175,10 @@ class RobotClient:
         self.robot_type = robot_type
         self.runner = runner
         self.report = report
+        unnamed = agent_id_error(agent_id)
+        if unnamed:
+            raise ValueError(f"{unnamed} (ros_agent_id makes one of any name)")
+        self.done_pub = robot_publisher(link.node, SegmentDone, report_topic(agent_id))
         self._work: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
         self._worker = threading.Thread(target=self._execute_loop, name=f"robot-{agent_id}", daemon=True)
@@ -183,6 +204,7 @@ class RobotClient:
         """Stop executing; a segment already running finishes unreported."""
         self._stopping.set()
         self._work.put(None)
+        self.link.node.destroy_publisher(self.done_pub)
 
     def _on_response(self, outcome: TaskOutcome, goal_handle) -> None:  # noqa: ANN001 - ClientGoalHandle
         outcome.goal_handle = goal_handle
@@ -224,5 +246,12 @@ class RobotClient:
                     self._publish(report)
 
     def _publish(self, report: SegmentDone) -> None:
-        if not self._stopping.is_set():
-            self.link.done_pub.publish(report)
+        """Publish once the node reads this robot's topic: it subscribes when it accepts the robot's first
+        request, and a report sent before the two have matched would be lost."""
+        deadline = time.monotonic() + REPORT_MATCH_S
+        with contextlib.suppress(InvalidHandle):  # closed meanwhile
+            while not self.done_pub.get_subscription_count() and time.monotonic() < deadline:
+                if self._stopping.wait(MATCH_POLL_S):
+                    return
+            if not self._stopping.is_set():
+                self.done_pub.publish(report)

@@ -1,4 +1,6 @@
-"""The robots' ``segment_done`` reports and the watchdog: checked on the executor, applied on the server loop."""
+"""The robots' reports, each on its robot's ``<agent_id>/segment_done`` (``agents``), and the watchdog: checked on
+the executor against the node's clock (ROS time, the simulation's with ``use_sim_time``), applied on the server
+loop in the server's clock."""
 
 from __future__ import annotations
 
@@ -6,12 +8,12 @@ import functools
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 
-from timely_llm.ros.goals import MAX_ID_CHARS
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.ledger import Ledger
-from timely_llm.ros.qos import DEEP_RELIABLE
+from timely_llm.ros.names import MAX_ID_CHARS
+from timely_llm.ros.reports import Instant, ReportRefused, instant
 from timely_llm.ros.server_loop import ServerLoop, abort, executed
-from timely_llm.ros.topic_requests import TopicRequests
+from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.server import Server
 
 WATCHDOG_PERIOD_S = 0.1
@@ -21,27 +23,28 @@ MAX_REASON_CHARS = 200
 class RobotReports:
     """A report is checked against the ledger and queued for the loop; the watchdog ends what is overdue."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, topics: TopicRequests,
-                 guarded: object) -> None:
-        self._node, self._loop, self._ledger, self._topics = node, loop, ledger, topics
-        node.create_subscription(SegmentDone, "segment_done", guarded(self._on_segment_done), DEEP_RELIABLE,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
+    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object) -> None:
+        self._node, self._loop, self._ledger = node, loop, ledger
+        self._log = ThrottledLog(node.get_logger().warning)
         node.create_timer(WATCHDOG_PERIOD_S, guarded(self._check_watchdog),
                           callback_group=MutuallyExclusiveCallbackGroup())
 
-    def _on_segment_done(self, report: SegmentDone) -> None:
-        report = self._topics.to_node(report)
-        now = self._loop.clock.now()
-        refused = self._ledger.take(report, now)
-        if refused:
-            self._node.get_logger().warning(
-                f"ignored SegmentDone from {report.agent_id[:MAX_ID_CHARS]!r} for goal "
-                f"{report.request_id[:MAX_ID_CHARS]!r} segment {report.index}: {refused}")
+    def take(self, agent: str, report: SegmentDone) -> None:
+        """A report that came on ``agent``'s own topic: applied only to that agent's goals."""
+        received = instant(self._node.get_clock(), self._loop.clock)
+        try:
+            if report.agent_id != agent:
+                raise ReportRefused(f"it names agent {report.agent_id[:MAX_ID_CHARS]!r}")
+            dispatched = self._ledger.take(report, received)
+        except ReportRefused as refused:
+            self._log.warn(agent, f"ignored SegmentDone on {agent!r}'s topic for goal "
+                                  f"{report.request_id[:MAX_ID_CHARS]!r} segment {report.index}: {refused}")
             return
-        self._loop.send(functools.partial(_apply_report, report, now))
+        self._loop.send(functools.partial(_apply_report, report, received.server,
+                                          server_seconds(report.duration, dispatched, received)))
 
     def _check_watchdog(self) -> None:
-        overdue, due = self._ledger.overdue_and_due(self._loop.clock.now())
+        overdue, due = self._ledger.overdue_and_due(instant(self._node.get_clock(), self._loop.clock))
         for request_id, index, start, end in due:  # goals without reports: executed as estimated
             self._loop.send(functools.partial(executed, request_id, index, start, end))
         for request_id, index in overdue:
@@ -50,10 +53,17 @@ class RobotReports:
             self._loop.send(functools.partial(abort, request_id, reason))
 
 
-def _apply_report(report: SegmentDone, received: float, server: Server) -> None:
+def server_seconds(duration: float, dispatched: Instant, received: Instant) -> float:
+    """A duration on the node's clock in the server's seconds: scaled by how the two clocks ran since the dispatch
+    (a simulation may run faster than the wall; on ROS wall time the scale is 1)."""
+    on_node = received.node - dispatched.node
+    return duration * (received.server - dispatched.server) / on_node if on_node > 0 else duration
+
+
+def _apply_report(report: SegmentDone, received: float, duration: float, server: Server) -> None:
     exec_end = received - server.network_latency
     try:
-        server.segment_done(report.request_id, report.index, exec_end - report.duration, exec_end,
+        server.segment_done(report.request_id, report.index, exec_end - duration, exec_end,
                             report.success, report.reason[:MAX_REASON_CHARS])
     except Exception as exc:  # noqa: BLE001 - ends this goal only
         server.abort(report.request_id, f"internal error handling the report of segment {report.index}: {exc!r}")

@@ -2,11 +2,12 @@
 
 A :class:`TopicRobotClient` is a :class:`RobotClient` that asks over ``task_requests`` instead
 of the action: it subscribes to its own ``<agent_id>/segments`` and ``<agent_id>/plan_result``
-only, executes each segment with the same runners (SimulatedSkills, a Tello, an arm) and
-reports it on ``segment_done``. Its agent id must be a ROS name token (see
-:func:`ros_agent_id` for turning any name into one). There is no acceptance step: a request
-the node refuses ends with a ``PlanResult`` aborted, with the reason. The topic interface has no
-cancel and no infeasibility notice.
+only, executes each segment with the same runners (SimulatedSkills, a Tello, an arm),
+reports it on its own ``<agent_id>/segment_done`` and cancels on its own ``<agent_id>/cancel``.
+Its agent id must be a ROS name token (see :func:`ros_agent_id` for turning any name into one).
+There is no acceptance step: a request the node refuses ends with a ``PlanResult`` aborted, with
+the reason (but a request reusing an id in flight is ignored, the node's log says so). The topic
+interface has no infeasibility notice.
 """
 
 from __future__ import annotations
@@ -16,30 +17,30 @@ import threading
 import time
 import uuid
 
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
+from std_msgs.msg import String
 
 from timely_llm.core.tuf import TUF
-from timely_llm.ros.interfaces import PlanResult, SegmentDone, TaskRequest
+from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.qos import DEEP_RELIABLE
-from timely_llm.ros.robot_client import RobotClient, SegmentRunner, TaskOutcome
-from timely_llm.ros.topic_requests import AGENT_QOS, TASK_REQUESTS, TASK_REQUESTS_QOS, agent_topics
-
-MATCH_POLL_S = 0.05
+from timely_llm.ros.names import TASK_REQUESTS, agent_topics, cancel_topic
+from timely_llm.ros.qos import AGENT_QOS
+from timely_llm.ros.robot_client import MATCH_POLL_S, RobotClient, SegmentRunner, TaskOutcome, robot_publisher
+from timely_llm.ros.topic_requests import TASK_REQUESTS_QOS
 
 
 class TopicPlanLink:
-    """A node's ``task_requests`` and ``segment_done`` publishers, shared by the robots on that node."""
+    """A node's ``task_requests`` publisher, shared by the robots on that node."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.request_pub = node.create_publisher(TaskRequest, TASK_REQUESTS, TASK_REQUESTS_QOS)
-        self.done_pub = node.create_publisher(SegmentDone, "segment_done", DEEP_RELIABLE)
 
     def wait_for_server(self, timeout_s: float = 30.0) -> bool:
-        """Wait until a node reads ``task_requests`` and ``segment_done`` (a request sent before is lost)."""
+        """Wait until a node reads ``task_requests`` (a request sent before is lost)."""
         deadline = time.monotonic() + timeout_s
-        while not (self.request_pub.get_subscription_count() and self.done_pub.get_subscription_count()):
+        while not self.request_pub.get_subscription_count():
             if time.monotonic() >= deadline:
                 return False
             time.sleep(MATCH_POLL_S)
@@ -57,8 +58,12 @@ class TopicRobotClient(RobotClient):
         self._pending: dict[str, TaskOutcome] = {}
         self._pending_lock = threading.Lock()
         segments, results = agent_topics(agent_id)
-        self._subscriptions = [link.node.create_subscription(SegmentMsg, segments, self._on_segment, AGENT_QOS),
-                               link.node.create_subscription(PlanResult, results, self._on_plan_result, AGENT_QOS)]
+        quiet = SubscriptionEventCallbacks(use_default_callbacks=False)  # as robot_publisher's, for the same reason
+        self._subscriptions = [
+            link.node.create_subscription(SegmentMsg, segments, self._on_segment, AGENT_QOS, event_callbacks=quiet),
+            link.node.create_subscription(PlanResult, results, self._on_plan_result, AGENT_QOS,
+                                          event_callbacks=quiet)]
+        self._cancel_pub = robot_publisher(link.node, String, cancel_topic(agent_id))
 
     def request(self, task: str, tuf: TUF | None = None, trace_id: int = 0, max_new_tokens: int = 0,
                 label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
@@ -76,12 +81,17 @@ class TopicRobotClient(RobotClient):
         return outcome
 
     def cancel(self, outcome: TaskOutcome) -> None:
-        raise NotImplementedError("the topic interface has no cancel; use the request_plan action")
+        """Ask the node to cancel a request in flight; its PlanResult then says canceled."""
+        with self._pending_lock:
+            request_id = next((rid for rid, pending in self._pending.items() if pending is outcome), None)
+        if request_id is not None:
+            self._cancel_pub.publish(String(data=request_id))
 
     def close(self) -> None:
         super().close()
         for subscription in self._subscriptions:
             self.link.node.destroy_subscription(subscription)
+        self.link.node.destroy_publisher(self._cancel_pub)
 
     def _on_segment(self, segment: SegmentMsg) -> None:
         with self._pending_lock:

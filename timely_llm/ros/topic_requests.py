@@ -5,78 +5,49 @@ robot's own, relative to the node's namespace: every segment on ``<agent_id>/seg
 (``Segment``) and the plan's end on ``<agent_id>/plan_result`` (``PlanResult``). With the action,
 every client's reader takes every goal's feedback from the one feedback topic and drops the
 others'; here a robot host subscribes to, and deserializes, its own segments only. Executed
-segments are reported on ``segment_done`` as for the action, naming the robot's request id.
+segments are reported on ``<agent_id>/segment_done`` as for the action, naming the robot's request id,
+and a request is cancelled by its request id on ``<agent_id>/cancel`` (``std_msgs/String``).
+The per-agent endpoints, their bound and their cleanup: ``agents``.
 
 A request is checked, scheduled, watched and ended exactly as a goal is: this module only
 turns messages into the node's requests and the node's outputs into messages. The node knows a
 request by an id of its own (``topic-<n>``, never 32 hex digits as an action goal's id is); the
 robot's ``request_id`` is echoed in its segments and in its result.
 
+A request that cannot be served ends with an aborted ``PlanResult`` on its agent's ``plan_result``, except one
+whose request id is in flight already: anyone may publish on ``task_requests`` under any agent id, so such a
+refusal would end the live request in its robot's eyes; it goes to the log only (no topic tells the sender apart).
+
 QoS. ``task_requests`` is reliable and volatile: a request is for the node running now, not
 one started later. The per-agent topics are reliable and **transient local**: their publishers
 are created on a robot's first request, and the first segment can go out before the new
-writer has matched the robot's reader; a transient-local reader gets what it missed (the last
-:data:`AGENT_DEPTH` messages). A robot restarted with the same agent id may so receive
+writer has matched the robot's reader; a transient-local reader gets what it missed (``AGENT_QOS``'s depth).
+A robot restarted with the same agent id may so receive
 messages of its earlier requests, which it ignores by request id (so ids must not repeat
 across restarts; ``TopicRobotClient`` draws a fresh prefix per run).
-
-The publishers of at most :data:`MAX_AGENTS` agents are kept; past that, those of the agent
-heard from least recently and with no request in flight are destroyed (created again if it
-asks again).
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rclpy.callback_groups import CallbackGroup
 from rclpy.node import Node
-from rclpy.publisher import Publisher
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import String
 
 from timely_llm.errors import RequestRejected
-from timely_llm.ros.goals import MAX_ID_CHARS
+from timely_llm.ros.agents import AgentTopics, TopicEndpoints
 from timely_llm.ros.interfaces import PlanResult, RequestPlan, SegmentDone, TaskRequest
-from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.names import MAX_ID_CHARS, TASK_REQUESTS, agent_id_error
 from timely_llm.ros.qos import DEEP_RELIABLE
+from timely_llm.ros.throttle import ThrottledLog
 
-TASK_REQUESTS = "task_requests"
-SEGMENTS = "segments"
-PLAN_RESULT = "plan_result"
 ID_PREFIX = "topic-"
 """The node's ids of topic requests: never 32 lower-case hex digits, the form of an action goal's id."""
-MAX_AGENTS = 256
-AGENT_DEPTH = 100
-"""Messages a per-agent writer keeps for a late reader, and a reader holds: a robot's few plans in flight."""
-
-AGENT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=AGENT_DEPTH, reliability=ReliabilityPolicy.RELIABLE,
-                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
-"""``<agent_id>/segments`` and ``<agent_id>/plan_result``, on the node and on the robot."""
 TASK_REQUESTS_QOS = DEEP_RELIABLE
-
-_NAME_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
-
-def agent_topic_error(agent_id: str) -> str | None:
-    """Why ``agent_id`` cannot name a robot's topics (it must be one ROS name token), or None."""
-    if not agent_id.strip():
-        return "empty agent id"
-    if len(agent_id) > MAX_ID_CHARS:
-        return f"agent id longer than {MAX_ID_CHARS} characters"
-    if not _NAME_TOKEN.fullmatch(agent_id) or "__" in agent_id:
-        return (f"agent id {agent_id!r} is not a ROS name token (a letter, then letters, digits and single "
-                "underscores), so it cannot name its topics")
-    return None
-
-
-def agent_topics(agent_id: str) -> tuple[str, str]:
-    """The relative names of a robot's segments and plan_result topics."""
-    return f"{agent_id}/{SEGMENTS}", f"{agent_id}/{PLAN_RESULT}"
 
 
 @dataclass(frozen=True)
@@ -87,22 +58,22 @@ class _Live:
 
 
 class TopicRequests:
-    """The node's topic interface: takes task requests, publishes each one's segments and result.
+    """The node's topic interface: takes task requests and cancels, publishes each request's segments and result.
 
     ``start(request, node_id)`` checks a request and hands it to the server loop under the
     node's id for it; it raises RequestRejected with the reason a request cannot be served.
-    Every started request's outputs then come back through :meth:`deliver`.
+    Every started request's outputs then come back through :meth:`deliver`; ``cancel(node_id)`` ends one.
     """
 
-    def __init__(self, node: Node, start: Callable[[TaskRequest, str], None], callback_group: CallbackGroup) -> None:
-        self._node = node
-        self._start = start
-        self._lock = threading.Lock()
+    def __init__(self, node: Node, start: Callable[[TaskRequest, str], None], cancel: Callable[[str], None],
+                 agents: AgentTopics, callback_group: CallbackGroup) -> None:
+        self._node, self._start, self._cancel, self._agents = node, start, cancel, agents
+        self._lock = threading.Lock()  # this callback group writes; the reports' reads
         self._ids = itertools.count(1)
         self._live: dict[str, _Live] = {}  # node id -> whose request
         self._by_robot: dict[tuple[str, str], str] = {}  # (agent, robot's request id) -> node id
-        self._publishers: OrderedDict[str, tuple[Publisher, Publisher]] = OrderedDict()  # least recent first
         self._callback_group = callback_group
+        self._log = ThrottledLog(node.get_logger().warning)
 
     def open(self) -> None:
         """Subscribe to ``task_requests``: a robot that waits for its reader (as TopicPlanLink does) finds the node
@@ -118,37 +89,45 @@ class TopicRequests:
 
     def _take(self, request: TaskRequest) -> None:
         agent, robot_id = request.agent_id, request.request_id
-        unnamed = agent_topic_error(agent)
+        unnamed = agent_id_error(agent)
         if unnamed:
-            self._node.get_logger().warning(f"ignored task request {robot_id[:MAX_ID_CHARS]!r}: {unnamed}")
+            self._log.warn(agent[:MAX_ID_CHARS], f"ignored task request {robot_id[:MAX_ID_CHARS]!r}: {unnamed}")
             return
-        node_id = f"{ID_PREFIX}{next(self._ids)}"
-        with self._lock:
-            refused = self._request_id_error(agent, robot_id)
-            if not refused:
-                self._live[node_id] = _Live(agent, robot_id)
-                self._by_robot[(agent, robot_id)] = node_id
+        if (agent, robot_id) in self._by_robot:  # not a word on its topics: the live request may not be the sender's
+            self._log.warn(agent, f"ignored task request {robot_id[:MAX_ID_CHARS]!r} of {agent!r}: a request with "
+                                  "this id is in flight")
+            return
+        refused = _request_id_error(robot_id) or self._agents.admit(agent)
         if refused:
             self._refuse(agent, robot_id, refused)
             return
+        self._endpoints(agent)  # its cancel subscription too, before the robot may want it
+        node_id = f"{ID_PREFIX}{next(self._ids)}"
+        with self._lock:
+            self._live[node_id] = _Live(agent, robot_id)
+            self._by_robot[(agent, robot_id)] = node_id
         try:
             self._start(request, node_id)
         except RequestRejected as exc:
             self._forget(node_id)
             self._refuse(agent, robot_id, str(exc))
 
-    def _request_id_error(self, agent: str, robot_id: str) -> str | None:
-        if not robot_id:
-            return "empty request id"
-        if len(robot_id) > MAX_ID_CHARS:
-            return f"request id longer than {MAX_ID_CHARS} characters"
-        if (agent, robot_id) in self._by_robot:
-            return f"duplicate request id {robot_id!r}: a request of {agent!r} with this id is in flight"
-        return None
+    def _on_cancel(self, agent: str, message: String) -> None:
+        """A robot cancels one of its requests (by its request id) on its own ``<agent_id>/cancel``."""
+        with self._lock:
+            node_id = self._by_robot.get((agent, message.data))
+        if node_id is None:
+            self._log.warn(agent, f"ignored cancel of {message.data[:MAX_ID_CHARS]!r} on {agent!r}'s topic: "
+                                  "no such request of it in flight")
+            return
+        self._cancel(node_id)
 
     def _refuse(self, agent: str, robot_id: str, reason: str) -> None:
-        self._node.get_logger().warning(f"rejected task request {robot_id[:MAX_ID_CHARS]!r} from {agent!r}: {reason}")
-        self._publishers_of(agent)[1].publish(PlanResult(
+        self._log.warn(agent, f"rejected task request {robot_id[:MAX_ID_CHARS]!r} from {agent!r}: {reason}")
+        endpoints = self._endpoints(agent)
+        if endpoints is None:  # too many robots: no topic of its own to answer on
+            return
+        endpoints.results.publish(PlanResult(
             request_id=robot_id[:MAX_ID_CHARS], agent_id=agent, status="aborted", reason=reason,
             **dict.fromkeys(("response_time", "waiting_time", "utility"), float("nan"))))
 
@@ -165,14 +144,20 @@ class TopicRequests:
             live = self._live.get(node_id)
         if live is None:
             return node_id.startswith(ID_PREFIX)  # ended already: nothing left to send it
-        segments, results = self._publishers_of(live.agent)
+        if not isinstance(item, RequestPlan.Feedback | RequestPlan.Result):  # an action goal's state change only
+            return True
+        endpoints = self._endpoints(live.agent)
+        if endpoints is None:  # its topics were dropped while its result was on its way, and no room is left
+            self._node.get_logger().error(f"no topics left to tell {live.agent!r} of request {live.request_id!r}")
+            self._forget(node_id)
+            return True
         if isinstance(item, RequestPlan.Feedback):
             if item.segment.request_id:  # the infeasibility notice has no segment and no topic message
                 item.segment.request_id = live.request_id
-                segments.publish(item.segment)
+                endpoints.segments.publish(item.segment)
             return True
         self._forget(node_id)
-        results.publish(plan_result(item, live))
+        endpoints.results.publish(plan_result(item, live))
         return True
 
     def to_node(self, report: SegmentDone) -> SegmentDone:
@@ -183,25 +168,19 @@ class TopicRequests:
             report.request_id = node_id
         return report
 
-    def _publishers_of(self, agent: str) -> tuple[Publisher, Publisher]:
-        """The agent's two publishers, made on first use; the least recently used idle agents' go past MAX_AGENTS."""
-        pair = self._publishers.get(agent)
-        if pair is None:
-            segments, results = agent_topics(agent)
-            pair = (self._node.create_publisher(SegmentMsg, segments, AGENT_QOS),
-                    self._node.create_publisher(PlanResult, results, AGENT_QOS))
-            self._drop_idle(len(self._publishers) + 1 - MAX_AGENTS)
-            self._publishers[agent] = pair
-        self._publishers.move_to_end(agent)
-        return pair
+    def _endpoints(self, agent: str) -> TopicEndpoints | None:
+        """The agent's topics (made again if dropped meanwhile); None when too many robots hold theirs."""
+        if self._agents.admit(agent):
+            return None
+        return self._agents.topic_endpoints(agent, self._on_cancel)
 
-    def _drop_idle(self, count: int) -> None:
-        """Destroy the publishers of up to ``count`` agents with no request in flight, least recently used first."""
-        with self._lock:
-            busy = {live.agent for live in self._live.values()}
-        for agent in [a for a in self._publishers if a not in busy][:max(0, count)]:
-            for publisher in self._publishers.pop(agent):
-                self._node.destroy_publisher(publisher)
+
+def _request_id_error(robot_id: str) -> str | None:
+    if not robot_id:
+        return "empty request id"
+    if len(robot_id) > MAX_ID_CHARS:
+        return f"request id longer than {MAX_ID_CHARS} characters"
+    return None
 
 
 def plan_result(result: RequestPlan.Result, live: _Live) -> PlanResult:

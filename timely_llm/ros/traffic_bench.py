@@ -196,10 +196,10 @@ def robot_main(agent: str, goals: int, time_scale: float) -> int:
     from timely_llm.ros.fleet import ros_session
     from timely_llm.ros.interfaces import PlanResult, RequestPlan
     from timely_llm.ros.interfaces import Segment as SegmentMsg
-    from timely_llm.ros.qos import DEEP_RELIABLE
+    from timely_llm.ros.names import agent_topics
+    from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
     from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
     from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient
-    from timely_llm.ros.topic_requests import AGENT_QOS, agent_topics
     from timely_llm.workloads.traces import load_catalog
 
     catalog, skills = load_catalog(), load_skill_models()
