@@ -34,6 +34,7 @@ status=0
 # The no_vllm tests live in modules that import without vLLM; the others' modules need it even to be collected.
 mapfile -t no_vllm_modules < <(grep -l "no_vllm" test/test_*.py)
 echo "==> the node tests that need no vLLM on Python 3.10: ${no_vllm_modules[*]}"
-(. "$repo/scripts/ros_env.sh" "$py310_venv" &&
+# Its remote-engine test serves from a vllm serve that this Python 3.11 venv's vLLM runs.
+(. "$repo/scripts/ros_env.sh" "$py310_venv" && export TIMELY_LLM_VLLM_PYTHON="$venv/bin/python" &&
   "$py310_venv/bin/python" -m pytest -q -p no:cacheprovider -m no_vllm "${no_vllm_modules[@]}") || status=$?
 exit "$status"

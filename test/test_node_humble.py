@@ -1,7 +1,8 @@
 """The node as it runs on a robot's ROS 2 Humble: ``timely-llm serve`` in a process of its own whose rclpy lacks every
 name Humble's lacks (test/startup/humble_rclpy.py), on the sim engine. Its lifecycle over the services, goals
 served, a live parameter set and configure-time ones refused, an engine's parameters refused on another engine; and
-the process never imports vLLM or torch nor maps their libraries.
+the process never imports vLLM or torch nor maps their libraries. And the same process on the remote engine,
+serving free-text goals from a real ``vllm serve`` (started from the venv that has vLLM: remote_servers).
 
 Marked ``no_vllm``: scripts/test.sh runs these on Python 3.10 too, in a venv without vLLM or torch.
 """
@@ -9,6 +10,7 @@ Marked ``no_vllm``: scripts/test.sh runs these on Python 3.10 too, in a venv wit
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,8 @@ from node_processes import (
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 
+from timely_llm.core.grammar import plan_grammar
+from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.robot_client import PlanLink
 
 pytestmark = [pytest.mark.ros, pytest.mark.no_vllm]
@@ -122,3 +126,36 @@ def test_another_engines_parameters_fail_configure_naming_them(ros_domain: int, 
         assert "vllm.max_num_seqs (engine vllm)" in line and "remote.url (engine remote)" in line, line
         assert "this node's, sim" in line, line
         assert _state(link, server) == "unconfigured"
+
+
+FREE_TEXT_TASKS = {
+    "tello": "Scene: [chair_1], Task: [A] Turn around, then fly up 50 cm and take a picture.",
+    "arm": "Scene: [cup, sink], Task: Put the cup in the sink.",
+}
+REMOTE_RESULT_TIMEOUT_S = 600.0
+"""Grammars compile and prompts prefill on a loaded 2-core CPU server."""
+
+
+@pytest.mark.remote
+def test_serves_free_text_goals_from_a_remote_server_without_vllm_or_torch(ros_domain: int, link: PlanLink,
+                                                                            robots: Callable, tmp_path: Path,
+                                                                            vllm_serve: object) -> None:
+    from remote_servers import API_KEY, API_KEY_ENV
+
+    log = tmp_path / "imports.log"
+    argv = [str(VENV_BIN / "timely-llm"), "serve", "--ros-args", "-p", "engine:=remote",
+            "-p", f"remote.url:={vllm_serve.url}/v1", "-p", f"remote.api_key_env:={API_KEY_ENV}"]
+    models = load_skill_models()
+    with running(argv, humble_env(venv_env(ros_domain, **{API_KEY_ENV: API_KEY}), log)) as server:
+        server.wait_for(lambda: READY_LINE in server.output(chars=0), "the node active")
+        server.wait_for(link.action.server_is_ready, "action server")
+        sent = {robot: robots(f"{robot}_free", robot).request(task) for robot, task in FREE_TEXT_TASKS.items()}
+        for outcome in sent.values():
+            server.wait_for(outcome.finished.done, "goal result", REMOTE_RESULT_TIMEOUT_S)
+        assert loaded_libraries(server.proc.pid) == set()
+    assert log.read_text() == ""
+    for robot, outcome in sent.items():
+        assert outcome.status == "succeeded", (robot, outcome.result.reason)
+        plan = "".join(s.text for s in outcome.segments)
+        assert outcome.result.num_segments == len(outcome.segments) >= 1 and plan == outcome.result.plan
+        assert plan_grammar(models[robot]).accepts(plan), plan
