@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,14 +27,25 @@ def free_tcp_port() -> int:
 
 def start_serve(log_dir: Path, name: str) -> ServeProcess:
     """A fresh ``vllm serve`` of SmolLM2 on a free loopback port (1-2 min of compiling on a 2-core CPU)."""
-    from timely_llm.models import resolve_model
-
-    path, dtype = resolve_model("smollm2")
+    path, dtype = _smollm2(_serving_python())
     engine = EngineConfig("smollm2", str(path), dtype, max_model_len=2048, kv_cache_gib=0.25,
                           max_num_seqs=MAX_NUM_SEQS)
     return ServeProcess(engine, free_tcp_port(), priority=False, reserved_cpus=0, log=log_dir / f"{name}.log",
                         start_timeout=START_TIMEOUT_S, api_key=API_KEY,
-                        python=os.environ.get("TIMELY_LLM_VLLM_PYTHON", sys.executable))
+                        python=_serving_python())
+
+
+def _serving_python() -> str:
+    return os.environ.get("TIMELY_LLM_VLLM_PYTHON", sys.executable)
+
+
+def _smollm2(python: str) -> tuple[str, str]:
+    """SmolLM2's directory and dtype as ``python``'s installation resolves them: a venv without vLLM has no
+    converted model of its own."""
+    script = "from timely_llm.models import resolve_model; print(*resolve_model('smollm2'), sep='\\n')"
+    out = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+    path, dtype = out.stdout.split()
+    return path, dtype
 
 
 def settings(*urls: str, **fields: object):  # noqa: ANN201 - RemoteSettings
