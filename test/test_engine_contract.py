@@ -3,17 +3,20 @@ remote engine over a real ``vllm serve``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.remote import RemoteEngine
 from timely_llm.engines.sim import SimEngine
 
 VLLM_MAX_NUM_SEQS = 8
+REMOTE_PATIENCE_S = 300.0
+"""How long a step on the remote engine may wait for its server (a loaded 2-core CPU may give 1 token/s)."""
 
 
 @pytest.fixture(scope="module", params=["sim", "sim-in-place", pytest.param("vllm", marks=pytest.mark.vllm),
@@ -46,9 +49,20 @@ def spec(engine: Engine, gen_id: str, plan_tokens: int = 8) -> GenerationSpec:
     return GenerationSpec(gen_id, prompt, max_new_tokens=plan_tokens + 1, forced_ids=plan)
 
 
+def step(engine: Engine) -> StepOutput:
+    """One engine step. The remote engine's step returns after a few ms with nothing while its server computes:
+    there, steps until something arrives, so the step counts below bound the same work on every engine."""
+    out = engine.step()
+    deadline = time.monotonic() + REMOTE_PATIENCE_S
+    while isinstance(engine, RemoteEngine) and not (out.new_tokens or out.finished or out.failed):
+        assert time.monotonic() < deadline, f"nothing from the server in {REMOTE_PATIENCE_S} s"
+        out = engine.step()
+    return out
+
+
 def step_until_output(engine: Engine, gen_id: str) -> None:
     for _ in range(50):
-        out = engine.step()
+        out = step(engine)
         if out.new_tokens.get(gen_id) or gen_id in out.finished:
             return
     raise AssertionError(f"{gen_id} produced nothing in 50 steps")
@@ -56,7 +70,7 @@ def step_until_output(engine: Engine, gen_id: str) -> None:
 
 def run_to_end(engine: Engine, gen_id: str) -> str:
     for _ in range(100):
-        out = engine.step()
+        out = step(engine)
         assert gen_id not in out.failed, out.failed
         if gen_id in out.finished:
             return out.finished[gen_id]
@@ -121,7 +135,7 @@ def collect(engine: Engine, gen_id: str, until: int = 1000) -> tuple[list[int], 
     """Step until ``gen_id`` has ``until`` new tokens or ends; its tokens and whether it ended."""
     tokens: list[int] = []
     for _ in range(100):
-        out = engine.step()
+        out = step(engine)
         tokens += out.new_tokens.get(gen_id, [])
         if gen_id in out.finished:
             return tokens, True
@@ -154,7 +168,7 @@ def test_kv_after_foretells_the_free_memory_of_suspends_and_resumes(engine: Engi
     for gen_id in outputs:
         engine.start(spec(engine, gen_id, plan_tokens=12))
     for _ in range(100):
-        for gen_id, tokens in engine.step().new_tokens.items():
+        for gen_id, tokens in step(engine).new_tokens.items():
             outputs[gen_id] += tokens
         if min(map(len, outputs.values())) >= 4:
             break

@@ -30,6 +30,8 @@ from timely_llm.planning import generate_plan
 STEP_BOUND_S = 2.0
 """A step returns within this even when no server sends anything (it waits STEP_WAIT_S): generous for a
 loaded machine, far below the servers' silence in these tests."""
+SERVER_PATIENCE_S = 300.0
+"""How long a real server may take for what a test waits for (a loaded 2-core CPU may give 1 token/s)."""
 MODELS = load_skill_models()
 
 
@@ -121,6 +123,14 @@ def steps_until(engine: RemoteEngine, gen_id: str, timeout_s: float = 30.0) -> S
         if gen_id in out.finished or gen_id in out.failed:
             return out
     raise AssertionError(f"{gen_id} did not end within {timeout_s} s")
+
+
+def patience(seconds: float) -> Iterator[None]:
+    """Loop guard by time: the engine's steps return within STEP_BOUND_S whether or not a token came."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        yield
+    raise AssertionError(f"still waiting after {seconds} s")
 
 
 # ----- settings -----
@@ -285,7 +295,7 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
         on_killed = sorted(g for g, url in placed.items() if url == killed)
         kept = sorted(g for g, url in placed.items() if url != killed)
         outputs: dict[str, list[int]] = {g: [] for g in specs}
-        for _ in bounded(5000):  # each has a few tokens
+        for _ in patience(SERVER_PATIENCE_S):  # each has a few tokens
             for gen_id, tokens in engine.step().new_tokens.items():
                 outputs[gen_id] += tokens
             if min(len(t) for t in outputs.values()) >= 3:
@@ -298,7 +308,7 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
         second_serve.kill()
         failed: dict[str, str] = {}
         finished: dict[str, str] = {}
-        for _ in bounded(20000):
+        for _ in patience(SERVER_PATIENCE_S):
             out = engine.step()
             failed |= out.failed
             finished |= out.finished
@@ -310,6 +320,6 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
             engine.start(GenerationSpec(on_killed[0], prompt, outputs[on_killed[0]], 40, grammar=grammar))
         engine.start(GenerationSpec("new", prompt, max_new_tokens=4, grammar=grammar))
         assert engine.server_of("new") == vllm_serve.url  # new ones go where a server answers
-        assert "new" in steps_until(engine, "new", 120.0).finished
+        assert "new" in steps_until(engine, "new", SERVER_PATIENCE_S).finished
     finally:
         engine.close()

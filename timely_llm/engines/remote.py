@@ -251,9 +251,9 @@ class RemoteEngine(Engine):
         if gen.awaiting_first:
             gen.awaiting_first = False
             result.started[gen_id] = ResumeInfo(gen.context_tokens, 0)  # the server does not say what it cached
-        if chunk.finish_reason == "stop" and chunk.stop_reason is None and chunk.token_ids and \
-                isinstance(self.tokenizer, ServerTokenizer):
-            self.tokenizer.saw_eos(chunk.token_ids[-1])  # vLLM ends at EOS with the EOS as last token
+        if chunk.finish_reason == "stop" and chunk.token_ids and isinstance(self.tokenizer, ServerTokenizer) and \
+                chunk.stop_reason in (None, chunk.token_ids[-1]):
+            self.tokenizer.saw_end(chunk.token_ids[-1])  # vLLM's last token at EOS (reason None) or a stop token
         if chunk.token_ids and not gen.warm_only:
             gen.output_ids += chunk.token_ids
             gen.context_tokens += len(chunk.token_ids)

@@ -36,13 +36,14 @@ class LocalTokenizer:
 
 class ServerTokenizer:
     """The server's own tokenizer over HTTP: a call per ``encode``/``decode`` (give ``remote.tokenizer`` to save
-    them). The server's ``/detokenize`` keeps special tokens; the EOS, the only one a plan can hold, is left out
-    here once the engine has seen it end a completion (``saw_eos``)."""
+    them). The server's ``/detokenize`` keeps special tokens; the end tokens, the only ones a plan can hold, are
+    left out here once the engine has seen them end a completion (``saw_end``)."""
 
     eos_token_id: int = -1
 
     def __init__(self, client: httpx.Client, url: str, model: str) -> None:
         self._client, self._url, self._model = client, url, model
+        self._ends: set[int] = set()
 
     def encode(self, text: str) -> list[int]:
         answer = self._post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": True})
@@ -52,7 +53,7 @@ class ServerTokenizer:
         return tokens
 
     def decode(self, ids: list[int]) -> str:
-        ids = [t for t in ids if t != self.eos_token_id]
+        ids = [t for t in ids if t not in self._ends]
         if not ids:
             return ""
         text = self._post("/detokenize", {"model": self._model, "tokens": ids}).get("prompt")
@@ -60,8 +61,11 @@ class ServerTokenizer:
             raise ValueError(f"{self._url}/detokenize answered without text")
         return text
 
-    def saw_eos(self, token_id: int) -> None:
-        self.eos_token_id = token_id
+    def saw_end(self, token_id: int) -> None:
+        """``token_id`` ended a completion (the EOS, or one of the model's stop tokens)."""
+        if not self._ends:
+            self.eos_token_id = token_id
+        self._ends.add(token_id)
 
     def _post(self, path: str, body: dict) -> dict:
         answer = self._client.post(f"{self._url}{path}", json=body)

@@ -143,20 +143,22 @@ class ServeProcess:
         self._log_file = log.open("w")
         self._proc = subprocess.Popen(args, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True)
-        self._wait_ready(start_timeout)
+        try:
+            self._wait_ready(start_timeout)
+        except BaseException:  # interrupted too: a server in a session of its own would outlive us
+            self.close()
+            raise
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                self.close()
                 raise RuntimeError(f"vllm serve exited with {self._proc.returncode} (log: {self.log})")
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
                     if answer.status == 200:
                         return
             time.sleep(2)
-        self.close()
         raise RuntimeError(f"vllm serve not ready within {timeout:.0f} s (log: {self.log})")
 
     def kill(self) -> None:
