@@ -27,19 +27,19 @@ def free_tcp_port() -> int:
 
 def start_serve(log_dir: Path, name: str) -> ServeProcess:
     """A fresh ``vllm serve`` of SmolLM2 on a free loopback port (1-2 min of compiling on a 2-core CPU)."""
-    path, dtype = _smollm2(_serving_python())
+    path, dtype = smollm2(serving_python())
     engine = EngineConfig("smollm2", str(path), dtype, max_model_len=2048, kv_cache_gib=0.25,
                           max_num_seqs=MAX_NUM_SEQS)
     return ServeProcess(engine, free_tcp_port(), priority=False, reserved_cpus=0, log=log_dir / f"{name}.log",
                         start_timeout=START_TIMEOUT_S, api_key=API_KEY,
-                        python=_serving_python())
+                        python=serving_python())
 
 
-def _serving_python() -> str:
+def serving_python() -> str:
     return os.environ.get("TIMELY_LLM_VLLM_PYTHON", sys.executable)
 
 
-def _smollm2(python: str) -> tuple[str, str]:
+def smollm2(python: str) -> tuple[str, str]:
     """SmolLM2's directory and dtype as ``python``'s installation resolves them: a venv without vLLM has no
     converted model of its own."""
     script = "from timely_llm.models import resolve_model; print(*resolve_model('smollm2'), sep='\\n')"

@@ -323,3 +323,18 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
         assert "new" in steps_until(engine, "new", SERVER_PATIENCE_S).finished
     finally:
         engine.close()
+
+
+@pytest.mark.remote
+def test_an_observation_is_tokenized_as_a_continuation_alike_by_the_server_and_the_model_files(
+        remote: RemoteEngine) -> None:
+    """What a blocking skill's value becomes in the context (no special tokens), whichever tokenizer the remote
+    engine has: the server's endpoints (the default) or ``remote.tokenizer``'s files."""
+    from remote_servers import serving_python, smollm2
+
+    from timely_llm.engines.remote_tokenizer import LocalTokenizer
+
+    observation = " # here, at kitchen_2\n"
+    ids = remote.tokenizer.encode_continuation(observation)
+    assert ids == LocalTokenizer(smollm2(serving_python())[0]).encode_continuation(observation)
+    assert remote.tokenizer.decode(ids) == observation

@@ -29,7 +29,7 @@ def test_node_on_a_remote_server_serves_free_text_goals_segment_by_segment(sessi
               "remote.max_num_seqs": MAX_NUM_SEQS}
     with server_node(session[1], session[0], engine="remote", **params) as node:
         assert node.server.engine.max_batch == node.server.batch.max_batch == MAX_NUM_SEQS
-        sent = {robot: robots(f"{robot}-free", robot).request(task) for robot, task in TASKS.items()}
+        sent = {robot: robots(f"{robot}_free", robot).request(task) for robot, task in TASKS.items()}
         outcomes = {robot: outcome.wait(RESULT_TIMEOUT_S) for robot, outcome in sent.items()}
 
     for robot, outcome in outcomes.items():

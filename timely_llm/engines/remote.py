@@ -208,7 +208,7 @@ class RemoteEngine(Engine):
         if room is not None and room <= 0:
             raise EngineRejected(f"{spec.gen_id}: context of {len(context)} tokens does not fit the server's "
                                  f"max_model_len={self._max_model_len}")
-        budget = spec.max_new_tokens - len(spec.output_ids)
+        budget = spec.max_new_tokens - len(spec.sampled_ids)
         if budget <= 0:
             raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
         return budget if room is None else min(budget, room)
@@ -349,7 +349,7 @@ def _grammar(spec: GenerationSpec, tokenizer: object) -> str | None:
     """EBNF for the rest of the plan, continued from what ``spec`` generated so far."""
     if spec.grammar is None:
         return None
-    grammar = spec.grammar.continuation(tokenizer.decode(spec.output_ids))
+    grammar = spec.grammar.continuation(tokenizer.decode(spec.sampled_ids))
     if grammar is None:
         raise EngineRejected(f"{spec.gen_id}: generated text left the {spec.grammar.model.robot} plan grammar")
     return grammar

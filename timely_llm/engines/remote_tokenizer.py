@@ -30,6 +30,10 @@ class LocalTokenizer:
         """Ids with the model's own special tokens (BOS), as the server would tokenize the text."""
         return list(self._tokenizer.encode(text).ids)
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of ``text`` written after other tokens (an observation): no BOS."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -46,7 +50,15 @@ class ServerTokenizer:
         self._ends: set[int] = set()
 
     def encode(self, text: str) -> list[int]:
-        answer = self._post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": True})
+        return self._tokenize(text, special_tokens=True)
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of ``text`` written after other tokens (an observation): no BOS."""
+        return self._tokenize(text, special_tokens=False)
+
+    def _tokenize(self, text: str, special_tokens: bool) -> list[int]:
+        answer = self._post("/tokenize", {"model": self._model, "prompt": text,
+                                          "add_special_tokens": special_tokens})
         tokens = answer.get("tokens")
         if not isinstance(tokens, list):
             raise ValueError(f"{self._url}/tokenize answered without tokens")
