@@ -3,9 +3,10 @@
 A robot that answers, over the action and over the topic interface, gets the next segment generated only after
 its report (that segment's gen_start is after the report was sent) and its value in the plan text; a robot that
 never answers gets its goal aborted by the watchdog, the reason naming the call waited for, while the others'
-goals succeed; a goal that cannot report (``no_execution_reports``) for a robot with blocking skills is refused.
-Once on the simulator (the arm's LRTrace plans replayed, its ``scan`` made blocking) and once on SmolLM2 on
-embedded vLLM (a robot file of the test's, free-text tasks; one node start, several goals).
+goals succeed; an empty or an over-long value ends the goal, saying so (on the simulator); a goal that cannot
+report (``no_execution_reports``) for a robot with blocking skills is refused. Once on the simulator (the
+arm's LRTrace plans replayed, its ``scan`` made blocking) and once on SmolLM2 on embedded vLLM (a robot file
+of the test's, free-text tasks; one node start, several goals).
 """
 
 from __future__ import annotations
@@ -173,11 +174,17 @@ def test_robots_answer_blocking_calls_over_the_action_and_the_topic_on_the_simul
         by_action = robots("action", "arm_action", "arm", "yes, behind the lamp")
         by_topic = robots("topic", "arm_topic", "arm", "no, not in view")
         silent = robots("silent", "arm_silent", "arm")
-        sent = {robot: robot.request(trace.prompt, None, trace.id) for robot in (silent, by_action, by_topic)}
+        valueless = robots("action", "arm_valueless", "arm", "")
+        verbose = robots("topic", "arm_verbose", "arm", "very " * 100)
+        sent = {robot: robot.request(trace.prompt, None, trace.id)
+                for robot in (silent, by_action, by_topic, valueless, verbose)}
         outcomes = {robot: outcome.wait(RESULT_TIMEOUT_S) for robot, outcome in sent.items()}
     check_waited_and_resumed_after(by_action, outcomes[by_action], "yes, behind the lamp", "scan(")
     check_waited_and_resumed_after(by_topic, outcomes[by_topic], "no, not in view", "scan(")
     check_silent_robot_aborted(outcomes[silent], "scan('red_box')")
+    waited = " (its plan was waiting for the value of scan('red_box'))"
+    assert outcomes[valueless].result.reason == "robot reported segment 0 without a value" + waited
+    assert outcomes[verbose].result.reason.endswith("more than the 48 of arm's observation.max_tokens" + waited)
     assert max(s.waiting for s in statuses) >= 1
 
 
