@@ -45,7 +45,7 @@ AGREED_FIELDS = {
         "request_id": "string", "agent_id": "string", "index": "uint32", "text": "string",
         "skills": "sequence<timely_llm/SkillCall>", "estimated_exec_time": "double",
         "gen_start": "builtin_interfaces/Time", "gen_end": "builtin_interfaces/Time",
-        "dispatch_time": "builtin_interfaces/Time", "final": "boolean"},
+        "dispatch_time": "builtin_interfaces/Time", "final": "boolean", "waits_for": "string"},
     interfaces_msg.TaskRequest: {
         "request_id": "string", "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": "double",
         "tuf_alpha": "double", "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32",
@@ -56,10 +56,10 @@ AGREED_FIELDS = {
     interfaces_msg.SkillCall: {"name": "string", "args": "sequence<string>"},
     interfaces_msg.SegmentDone: {
         "agent_id": "string", "request_id": "string", "index": "uint32", "duration": "double",
-        "success": "boolean", "reason": "string"},
+        "success": "boolean", "reason": "string", "result": "string"},
     interfaces_msg.ServerStatus: {
         "stamp": "builtin_interfaces/Time", "queue_length": "uint32", "running": "uint32", "suspended": "uint32",
-        "finished": "uint32", "categories": "sequence<string>", "mean_utility": "sequence<double>",
+        "waiting": "uint32", "finished": "uint32", "categories": "sequence<string>", "mean_utility": "sequence<double>",
         "count": "sequence<uint32>", "policy": "string", "engine": "string"},
 }
 """What the node, the robot clients and the fleet read and write: a field renamed, retyped or dropped

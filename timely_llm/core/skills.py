@@ -49,6 +49,8 @@ BLOCKING_LANGUAGES = ("minispec", "calls")
 DEFAULT_OBSERVATION_FORM = " # {value}\n"
 """How a blocking call's value is written after it (both statement languages read it as a comment)."""
 DEFAULT_OBSERVATION_MAX_TOKENS = 48
+SIMULATED_VALUES = {"bool": ("true", "false"), "number": ("0", "1", "2", "5"), "text": ("nothing unusual",)}
+"""What a simulated robot reports for a blocking skill, by its return type, when nothing says what it sees."""
 _INT_TYPE = re.compile(r"int\s+(\d+)\s*\.\.\s*(\d+)")
 
 

@@ -18,7 +18,7 @@ from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.request import Outcome, Request, Segment
-from timely_llm.core.skills import SkillModel
+from timely_llm.core.skills import SIMULATED_VALUES, SkillModel
 from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
@@ -29,8 +29,6 @@ from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
 BENCH_POLICIES = (*POLICIES, "isolated")
-DEFAULT_VALUES = {"bool": ("true", "false"), "number": ("0", "1", "2", "5"), "text": ("nothing unusual",)}
-"""What a simulated robot reports for a blocking skill no trace lists values for, by its return type."""
 
 
 @dataclass
@@ -43,7 +41,7 @@ class SimulatedRobots:
     schedule: Callable[[float, Action], None]
     values: Mapping[int, Mapping[str, Sequence[str]]] = field(default_factory=dict)
     """Per trace, per blocking skill: the values the robot may see (one drawn per segment); a skill not
-    listed answers with a value of its return type (``DEFAULT_VALUES``)."""
+    listed answers with a value of its return type (``SIMULATED_VALUES``)."""
     answers: dict[tuple[str, int], str] = field(default_factory=dict)
     """(request, segment) -> the value reported for the blocking call the segment ended with."""
     _lane_free: dict[str, float] = field(default_factory=dict)
@@ -61,7 +59,7 @@ class SimulatedRobots:
 
     def _answer(self, request: Request, skill: str, rng: random.Random) -> str:
         listed = self.values.get(request.trace, {}).get(skill) if request.trace is not None else None
-        return rng.choice(listed or DEFAULT_VALUES[request.robot.skills[skill].returns or "text"])
+        return rng.choice(listed or SIMULATED_VALUES[request.robot.skills[skill].returns or "text"])
 
 
 @dataclass

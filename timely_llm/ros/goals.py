@@ -49,6 +49,9 @@ def plan_from_goal(goal: Goal, request_id: str, rules: GoalRules) -> PlanRequest
     if goal.robot_type not in rules.robots:
         raise RequestRejected(f"unknown robot type {goal.robot_type[:MAX_ID_CHARS]!r} "
                               f"(known: {', '.join(sorted(rules.robots))})")
+    if goal.no_execution_reports and rules.robots[goal.robot_type].has_blocking:
+        raise RequestRejected(f"no_execution_reports: robot type {goal.robot_type!r} has blocking skills, whose "
+                              f"values only execution reports can bring")
     trace = _goal_trace(goal, rules)
     category = trace.category if trace else ("arm" if goal.robot_type == "arm" else "normal")
     tuf = _goal_tuf(goal, category, rules)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from builtin_interfaces.msg import Time as TimeMsg
 
-from timely_llm.core.request import Outcome, Request, Segment, Status
+from timely_llm.core.request import Outcome, Request, Segment, Status, call_text
 from timely_llm.ros.interfaces import RequestPlan, SkillCall
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 
@@ -18,7 +18,8 @@ def segment_message(request: Request, segment: Segment, stamp: Callable[[float],
         request_id=request.id, agent_id=request.agent, index=segment.index, text=segment.text,
         skills=[SkillCall(name=c.name, args=list(c.args)) for c in segment.calls],
         estimated_exec_time=float(segment.est_exec_time), gen_start=stamp(segment.gen_start),
-        gen_end=stamp(segment.gen_end), dispatch_time=stamp(segment.gen_end), final=segment.final)
+        gen_end=stamp(segment.gen_end), dispatch_time=stamp(segment.gen_end), final=segment.final,
+        waits_for=call_text(segment.waits_for) or "")
 
 
 def result_message(outcome: Outcome) -> RequestPlan.Result:

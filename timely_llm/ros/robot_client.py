@@ -28,7 +28,7 @@ from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.task import Future as RclpyFuture
 
-from timely_llm.core.skills import SkillModel
+from timely_llm.core.skills import SIMULATED_VALUES, SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.base import SegmentResult, run_timed
@@ -49,7 +49,8 @@ MATCH_POLL_S = 0.01
 
 @dataclass
 class SimulatedSkills:
-    """Sleeps each segment's execution time, drawn like the bench harness's robots draw it."""
+    """Sleeps each segment's execution time, drawn like the bench harness's robots draw it; a segment that
+    waits for a value gets one of its blocking call's return type (``SIMULATED_VALUES``)."""
 
     model: SkillModel
     seed: int = 0
@@ -58,7 +59,15 @@ class SimulatedSkills:
     def __call__(self, segment: SegmentMsg, label: str) -> SegmentResult:
         rng = segment_rng(self.seed, label, segment.index)
         seconds = self.model.sample_exec_time(segment.text, rng) * self.time_scale
-        return run_timed(lambda: time.sleep(seconds))
+        value = self.value(segment, rng)
+        return run_timed(lambda: time.sleep(seconds), lambda: value)
+
+    def value(self, segment: SegmentMsg, rng: random.Random) -> str | None:
+        """The value of the segment's last call when the plan waits for it: one of its return type's."""
+        if not segment.waits_for or not segment.skills:
+            return None
+        skill = self.model.skills.get(segment.skills[-1].name)
+        return rng.choice(SIMULATED_VALUES[(skill.returns if skill else None) or "text"])
 
 
 def segment_rng(seed: int, label: str, index: int) -> random.Random:
@@ -77,6 +86,14 @@ def arm_runner(arm: SimulatedArm) -> SegmentRunner:
 
 def mobile_base_runner(base: SimulatedMobileBase) -> SegmentRunner:
     return lambda segment, label: base.execute_calls([(c.name, list(c.args)) for c in segment.skills])
+
+
+def reported_value(segment: SegmentMsg, result: SegmentResult) -> str:
+    """What a report carries as the segment's value: its last call's, when the plan waits for it (else empty)."""
+    value = result.last_value
+    if not segment.waits_for or value is None:
+        return ""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass
@@ -239,7 +256,8 @@ class RobotClient:
             outcome.exec_time += result.duration
             if self.report:
                 report = SegmentDone(agent_id=self.agent_id, request_id=segment.request_id, index=segment.index,
-                                     duration=result.duration, success=result.success, reason=result.reason)
+                                     duration=result.duration, success=result.success, reason=result.reason,
+                                     result=reported_value(segment, result))
                 if self.network_delay > 0:
                     threading.Timer(self.network_delay, self._publish, (report,)).start()
                 else:

@@ -64,6 +64,6 @@ def _apply_report(report: SegmentDone, received: float, duration: float, server:
     exec_end = received - server.network_latency
     try:
         server.segment_done(report.request_id, report.index, exec_end - duration, exec_end,
-                            report.success, report.reason[:MAX_REASON_CHARS])
+                            report.success, report.reason[:MAX_REASON_CHARS], result=report.result or None)
     except Exception as exc:  # noqa: BLE001 - ends this goal only
         server.abort(report.request_id, f"internal error handling the report of segment {report.index}: {exc!r}")

@@ -46,9 +46,10 @@ class StatusReporter:
         with server.lock:  # read only, and brief: the loop holds it for a scheduling decision at most
             queued, running = len(server.queue), len(server.running)
             suspended = sum(r.status in (Status.PARKED, Status.SUSPENDED) for r in server.requests.values())
+            waiting = len(server.scheduler.blocked)
         totals, finished, executing = self._ledger.totals()
         msg = ServerStatus(queue_length=queued, running=running, suspended=suspended, executing=executing,
-                           finished=finished, policy=server.policy.name, engine=self._engine_name)
+                           waiting=waiting, finished=finished, policy=server.policy.name, engine=self._engine_name)
         msg.stamp = self._node.get_clock().now().to_msg()
         for category, count, mean in totals:
             msg.categories.append(category)
