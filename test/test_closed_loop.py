@@ -195,6 +195,13 @@ def test_a_value_too_long_ends_the_plan_naming_the_skill() -> None:
     assert len(outcome.segments) == 2
 
 
+def test_a_flood_of_a_value_is_refused_before_it_is_tokenized() -> None:
+    _, _, _, ended = serve([("r", "mobile_base", PLAN)], {"r": "x" * 10_000_000})
+    outcome = ended["r"]
+    assert outcome.status is Status.ABORTED
+    assert "10000000 characters" in outcome.reason and "look_for('cup')" in outcome.reason
+
+
 def test_a_robot_that_never_answers_is_ended_by_the_watchdog_and_the_others_go_on() -> None:
     arm_plan = "scan('cup');goto('cup');pick('cup');goto('shelf');drop('shelf');"
     plans = [("silent", "mobile_base", PLAN), ("other", "mobile_base", PLAN), ("arm", "arm", arm_plan)]

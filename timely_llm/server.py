@@ -82,6 +82,9 @@ def parts_of(policy: ServingPolicy, features: Features) -> Features:
     return features if policy.segmented else Features()
 
 
+MAX_CHARS_PER_TOKEN = 64
+"""More characters than any token of a plan model's vocabulary holds: a reported value longer than its token
+limit times this is refused before it is tokenized."""
 DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs: the batch cap of every policy unless one is given
 
 
@@ -226,6 +229,11 @@ class Server:
         index, form = len(request.segments) - 1, request.robot.observation
         if value is None:
             self._finish(request, Status.ABORTED, f"robot reported segment {index} without a value")
+            return
+        if len(value) > form.max_tokens * MAX_CHARS_PER_TOKEN:  # spares the loop tokenizing a flood
+            self._finish(request, Status.ABORTED,
+                         f"the value reported for segment {index} is {len(value)} characters, more than "
+                         f"{form.max_tokens} tokens can hold")
             return
         observation = form.text(request.waits_for.name, value)
         ids = self.engine.tokenizer.encode_continuation(observation)
