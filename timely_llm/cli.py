@@ -67,10 +67,13 @@ def _epilog() -> str:
 
 
 def _first_comment(path: Path) -> str:
-    """A profile's description: the first comment line of its YAML file."""
+    """A profile's description: its YAML file's first comment line, up to the first ': ' or '. ' (what the
+    profile is; the lines after it say how it was measured)."""
     for line in path.read_text().splitlines():
         if line.startswith("#"):
-            return line.lstrip("# ").strip().rstrip(":")
+            text = line.lstrip("# ").strip()
+            ends = [i for i in (text.find(": "), text.find(". ")) if i >= 0]
+            return text[:min(ends)] if ends else text.rstrip(":.")
     return ""
 
 
@@ -90,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "on the simulator: TimeBill vs the constant"))
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
     _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
-    _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
+    _add_demo(sub.add_parser("demo", help="node + fleet in-process, timelyllm against vllm-stream and vllm, "
+                                           "with the machine's load during each"))
     _add_load_bench(sub.add_parser("load-bench", help="the node under 100s of robots: goals in flight, accept "
                                                        "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
     _add_traffic_bench(sub.add_parser("traffic-bench", help="what each robot process receives on the action vs "
@@ -435,8 +439,8 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
                      "engine under each policy. Every server first runs each task alone (its floor). Prints one "
                      "table of ratios to the floor; see README.md, 'Peer benchmark'.")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
-    p.add_argument("--workloads", nargs="+", default=list(PEER_WORKLOADS), choices=list(PEER_WORKLOADS),
-                   help="built-in mixed workloads (default: all)")
+    p.add_argument("--workloads", nargs="+", default=["light", "contended"], choices=list(PEER_WORKLOADS),
+                   help="built-in mixed workloads (default: light contended)")
     p.add_argument("--policies", nargs="+", default=["timelyllm", "vllm-stream"], choices=[
         n for n in POLICY_HELP if n != "isolated"], help="the node's policies (default: timelyllm vllm-stream)")
     p.add_argument("--serve-configs", nargs="*", default=["serve"], choices=SERVE_CONFIGS,
@@ -688,13 +692,13 @@ def _check_ros_args(argv: list[str]) -> None:
     context.try_shutdown()
 
 
-def _add_replay_args(p: argparse.ArgumentParser) -> None:
+def _add_replay_args(p: argparse.ArgumentParser, duration_default: str = "60") -> None:
     p.add_argument("--workload", default="WID1",
                    help="WID1 (default), WID1-high, WID2, WID3, or a workload JSON file")
     p.add_argument("--seed", type=_nonneg_int, default=0,
                    help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
     p.add_argument("--duration", type=_positive_float, default=60.0,
-                   help="replay the requests arriving in the first S seconds (default 60)")
+                   help=f"replay the requests arriving in the first S seconds (default {duration_default})")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
     p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
@@ -754,14 +758,31 @@ def _fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_POLICIES = ("timelyllm", "vllm-stream", "vllm")
+DEMO_POINTS = {
+    "light": "WID1 (or --workload), the batch cap the policy's: the engine keeps up and the streaming policies "
+             "are level",
+    "bursty": "106 drone tasks in 60 s in bursts of up to 16, the batch capped at 8 (--max-batch): slots are "
+              "scarce and the scheduler decides who gets them",
+}
+BURSTY_MAX_BATCH = 8
+
+
 def _add_demo(p: argparse.ArgumentParser) -> None:
     import importlib.util
 
     from timely_llm.server import POLICIES
 
-    _add_replay_args(p)
-    p.set_defaults(duration=None)
+    p.description = ("Start the node in this process and replay a fleet's requests to it over ROS 2 in real time, "
+                     "once per policy, one policy after the other; print each policy's results, how busy the "
+                     "machine was during each run (the CPU other processes took) and, where the runs saw "
+                     "comparable machines, how the first policy fared against each other one.")
+    _add_replay_args(p, duration_default=f"{DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, "
+                                         "else 60; --point bursty: all its 60 s")
+    p.set_defaults(duration=None, workload=None)
     _add_robot_args(p, tello_sim=True)
+    p.add_argument("--point", choices=tuple(DEMO_POINTS), default="light",
+                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items()) + " (default light)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="vllm" if importlib.util.find_spec("vllm") else "sim",
                    help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
                         "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
@@ -771,48 +792,93 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
                    help="vllm: force-decode the recorded LRTrace plans instead of generating from the task texts")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEMO_PLAN_TOKENS,
                    help=f"vllm: cap on a generated plan's tokens (default {DEMO_PLAN_TOKENS})")
-    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
-                   help=f"policy compared against vllm: one of {', '.join(POLICIES)} (default timelyllm)")
+    p.add_argument("--max-batch", type=_positive_int, default=None,
+                   help=f"batch cap of the node (and vLLM's max_num_seqs); default: the policy's, "
+                        f"{BURSTY_MAX_BATCH} at --point bursty")
+    p.add_argument("--policies", nargs="+", choices=tuple(POLICIES), default=list(DEMO_POLICIES), metavar="POLICY",
+                   help=f"policies run, the first compared with each other one: of {', '.join(POLICIES)} "
+                        f"(default {' '.join(DEMO_POLICIES)})")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="rounds of all the policies, every other round in reverse order (ABC, CBA, ...), so that "
+                        "each policy sees the same machine on average; results merged over rounds (default 1)")
     _add_vllm_arg(p)
     p.set_defaults(run=_demo)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
+def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload, int | None]:
+    """The demo's skill models, catalog, workload (its point's, cut to the duration) and batch cap."""
+    from timely_llm.ros.fleet import cut
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 
+    if args.point == "bursty":
+        if args.workload is not None:
+            raise ConfigError("--workload", None, "the bursty point has its own workload: give one or the other")
+        skills, catalog, _ = _load_inputs(argparse.Namespace(**{**vars(args), "workload": "WID1"}))
+        workload = cut(generate_peer(PEER_WORKLOADS["bursty"], catalog, args.seed), args.duration)
+        return skills, catalog, workload, args.max_batch or BURSTY_MAX_BATCH
+    args.workload = args.workload or "WID1"
     skills, catalog, workload = _load_inputs(args)
     generate = args.engine == "vllm" and not args.replay
-    duration = args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)
-    workload = cut(workload, duration)
-    node_params: dict[str, object] = {}
+    return skills, catalog, cut(workload, args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)), \
+        args.max_batch
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.machine_load import combined, measured, verdict_lines
+    from timely_llm.ros.fleet import fleet_result, ros_session, run_fleet, server_node
+
+    if len(set(args.policies)) < len(args.policies):
+        raise ConfigError("--policies", None, "a policy given twice")
+    skills, catalog, workload, max_batch = _demo_inputs(args)
+    if not workload.requests:
+        raise ConfigError("--duration", None, f"no request of {workload.name} arrives in the first {args.duration} s")
+    generate = args.engine == "vllm" and not args.replay
+    node_params: dict[str, object] = {"max_batch": max_batch} if max_batch else {}
     if args.engine == "vllm":
         _quiet_vllm_logging()
-        node_params = {"model": args.model, **{f"vllm.{k}": v for k, v in _checked_vllm_args(args.vllm_arg).items()}}
+        vllm_args = _checked_vllm_args(args.vllm_arg)
+        if max_batch:
+            vllm_args.setdefault("max_num_seqs", max_batch)
+        node_params |= {"model": args.model, **{f"vllm.{k}": v for k, v in vllm_args.items()}}
     elif args.vllm_arg:
         raise ConfigError("--vllm-arg", None, "applies to --engine vllm only")
     if generate:
         node_params["segment_timeout_margin"] = GENERATED_SEGMENT_TIMEOUT_MARGIN
     source = f"plans generated by {args.model} from the task texts" if generate else "recorded LRTrace plans"
-    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine, {source}; "
-          f"each policy replays them in real time ({duration:.0f} s of arrivals)", flush=True)
-    results = []
-    for policy in (args.policy, "vllm"):
-        print(f"{policy}: starting the node ({args.engine} engine)", flush=True)
-        with ros_session(args.domain_id) as (context, executor), \
-                server_node(executor, context, engine=args.engine, policy=policy, **node_params,
-                            network_latency=workload.network_latency), \
-                _robots(args, workload, catalog, skills) as runners, \
-                _progress(policy, len(workload.requests)) as progress:
-            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
+    arrivals = max((r.arrival for r in workload.requests), default=0.0)
+    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine, {source}, "
+          f"batch cap {max_batch or 'none'}; each policy replays them in real time ({arrivals:.0f} s of "
+          f"arrivals); {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    records: dict[str, list[dict]] = {policy: [] for policy in args.policies}
+    loads: dict[str, list] = {policy: [] for policy in args.policies}
+    for round_ in range(args.rounds):
+        for policy in args.policies if round_ % 2 == 0 else args.policies[::-1]:
+            label = f"{policy}" + (f" (round {round_ + 1})" if args.rounds > 1 else "")
+            print(f"{label}: starting the node ({args.engine} engine)", flush=True)
+            with ros_session(args.domain_id) as (context, executor), \
+                    server_node(executor, context, engine=args.engine, policy=policy, **node_params,
+                                network_latency=workload.network_latency), \
+                    _robots(args, workload, catalog, skills) as runners, \
+                    _progress(policy, len(workload.requests)) as progress, measured() as meter:
+                got = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
                                 generate=generate, max_new_tokens=args.max_new_tokens if generate else 0,
                                 interface=args.interface)
-        results.append(fleet_result(workload, records, policy, args.seed))
-        print(f"{policy}: {results[-1]['summary']['all']['succeeded']} of {len(records)} requests succeeded",
-              flush=True)
-    print("\nresults (wall clock: they vary a little from run to run):")
-    for result in results:  # last, after every engine's start-up output
+            records[policy] += got
+            loads[policy] += [meter.load] if meter.load else []
+            print(f"{label}: {sum(r['status'] == 'succeeded' for r in got)} of {len(got)} requests succeeded; "
+                  + (meter.load.describe() if meter.load else "machine load not measured (no /proc)"), flush=True)
+    results = {policy: fleet_result(workload, records[policy], policy, args.seed) for policy in args.policies}
+    machine = {policy: combined(found) for policy, found in loads.items() if found}
+    print(f"\nresults ({'merged over ' + str(args.rounds) + ' rounds; ' if args.rounds > 1 else ''}"
+          "wall clock: they vary with the machine's load):")
+    for policy, result in results.items():  # last, after every engine's start-up output
         _print_summary(result)
+        if policy in machine:
+            print(f"  machine during {policy}: {machine[policy].describe()}")
         _print_failures(result["requests"])
+    print()
+    for line in verdict_lines({p: r["summary"] for p, r in results.items()}, machine):
+        print(line)
     return 0
 
 
@@ -1098,14 +1164,20 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--task", None, "empty task")
     _quiet_vllm_logging()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    print(f"loading {args.model} on embedded vLLM (on a CPU it compiles for about half a minute first)",
+          file=sys.stderr, flush=True)
     with _stdout_to_stderr():  # anything else vLLM and its libraries print
         engine = _vllm_engine(args.model, args.vllm_arg)
         try:
+            print("generating", file=sys.stderr, flush=True)
             plan = generate_plan(engine, skills[args.robot], args.task,
                                  constrained=not args.no_grammar, max_new_tokens=args.max_new_tokens,
                                  on_segment=lambda s: s.text and print(f"segment {s.index}: {s.text}", file=out))
         finally:
             engine.close()
+    if plan.stopped_at_token_cap:
+        print(f"the plan stopped at its token cap ({args.max_new_tokens} tokens; --max-new-tokens raises it): "
+              "the model had not ended it, so it may stop short of the task", file=sys.stderr)
     if plan.reason:
         print(f"{plan.status}: {plan.reason}", file=out)
     if args.json:

@@ -2,7 +2,8 @@
 
 Plans are generated from the LRTrace task texts (not replayed), so every request costs what the
 model writes. ``light`` keeps the engine mostly idle between arrivals; ``contended`` sends bursts
-of tasks, more than the engine serves at once, so requests queue and the policies differ.
+of tasks, more than the engine serves at once, so requests queue and the policies differ; ``bursty``
+sends bigger bursts, meant for a capped batch (``timely-llm demo --point bursty``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ class PeerSpec:
 PEER_WORKLOADS = {
     "light": PeerSpec("light", 15, 15 / 54, 1, 1 / 3, 0.2),
     "contended": PeerSpec("contended", 34, 0.5, 6, 0.4, 0.2),
+    "bursty": PeerSpec("bursty", 106, 0.22, 16, 0.4, 0.0),
 }
+"""``bursty``: drones only, 106 tasks in 60 s in bursts of up to 16, above a batch cap of 8: where batch slots
+are scarce and a scheduler has something to decide."""
 
 
 def generate_peer(spec: PeerSpec, catalog: TraceCatalog, seed: int = 0, network_latency: float = 0.008) -> Workload:
