@@ -465,7 +465,15 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _peer_bench(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench, Run, RunRecord, first_segments, table
+    from timely_llm.evaluation.peer_bench import (
+        EngineConfig,
+        PeerBench,
+        Run,
+        RunRecord,
+        first_segments,
+        machine_loads,
+        table,
+    )
 
     if args.inputs:
         runs = []
@@ -475,6 +483,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
                 runs.append(Run(**raw, records=records))
         print(table(runs))
         print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
+        print("\nThe machine during the runs:\n" + machine_loads(runs))
         return 0
     if args.out is None:
         raise ConfigError("--out", None, "is required unless --from is given")
@@ -503,6 +512,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
     print(table(bench.runs))
     print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(bench.runs))
+    print("\nThe machine during the runs:\n" + machine_loads(bench.runs))
     print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
     return 0
 
