@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
     _add_peer_bench(sub.add_parser("peer-bench", help="vllm serve with streaming robots vs the node's policies, "
                                                       "same model, prompts, grammar and arrivals: one table"))
+    _add_fidelity(sub.add_parser("fidelity", help="one workload on the simulator and on embedded vLLM, side by "
+                                                  "side per policy: does the simulator predict the engine?"))
     for command_parser in sub.choices.values():
         command_parser.set_defaults(command_parser=command_parser)
     return parser
@@ -514,6 +516,81 @@ def _peer_bench(args: argparse.Namespace) -> int:
     print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(bench.runs))
     print("\nThe machine during the runs:\n" + machine_loads(bench.runs))
     print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
+    return 0
+
+
+FIDELITY_POLICIES = ("timelyllm", "vllm-stream")
+
+
+def _add_fidelity(p: argparse.ArgumentParser) -> None:
+    from timely_llm.server import POLICIES
+    from timely_llm.workloads.peer import PEER_WORKLOADS
+
+    p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
+                     "does) on the simulator (suspending in place, as embedded vLLM does; with its own tokenizer and "
+                     "with the model's) and on embedded vLLM in real time, under each policy, and print them side "
+                     "by side: per category mean and p95 response and waiting, utility, where the first segments' "
+                     "time went; per run the step times by kind and batch, (re)starts, suspensions and the "
+                     "machine's load.")
+    p.add_argument("--workload", default="bursty",
+                   help=f"a peer workload ({', '.join(PEER_WORKLOADS)}; default bursty), WID1, WID1-high, WID2, WID3 "
+                        "or a workload JSON file")
+    p.add_argument("--policies", nargs="+", default=list(FIDELITY_POLICIES), metavar="POLICY",
+                   choices=[n for n in POLICIES if n != "vllm-priority"],
+                   help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
+    p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
+                   help=f"batch cap, and vLLM's max_num_seqs (default {BURSTY_MAX_BATCH})")
+    p.add_argument("--hw", default="cpu-2core-smollm2-135m",
+                   help="the simulator's hardware profile (default cpu-2core-smollm2-135m)")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="rounds on the real engine, every other one in reverse policy order (default 1)")
+    p.add_argument("--first", type=_positive_int, default=None, metavar="N", help="only the first N requests")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
+    p.add_argument("--out", type=_out_file, default=None, help="write every run (records, step logs) as JSON")
+    _add_vllm_arg(p)
+    p.set_defaults(run=_fidelity)
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import estimator_profile, load_profile
+    from timely_llm.evaluation import fidelity
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+
+    profile = load_profile(args.hw)
+    if args.workload in PEER_WORKLOADS:
+        skills, catalog, _ = _load_inputs(argparse.Namespace(workload="WID1", seed=args.seed, skill_models=None))
+        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
+    else:
+        skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
+    if args.first:
+        workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
+    policies = list(dict.fromkeys(args.policies))
+    print(f"{len(workload.requests)} requests of {workload.name}, batch cap {args.max_batch}; simulator {profile.name} "
+          f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+          "at the start", flush=True)
+    _quiet_vllm_logging()
+    with _stdout_to_stderr():
+        engine = _vllm_engine(args.model, args.vllm_arg, seed=("--seed", args.seed),
+                              scheduling_policy=("--policies", "fcfs"), max_num_seqs=("--max-batch", args.max_batch))
+    try:
+        print("engine ready; warming up, then the real runs", flush=True)
+        runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,
+                                      args.rounds, skills, catalog, args.seed, args.max_batch)
+        runs += [run for tokenizer in (None, engine.tokenizer)
+                 for run in fidelity.simulated(profile, tokenizer, workload, policies, skills, catalog, args.seed,
+                                               args.max_batch)]
+    finally:
+        engine.close()
+    if args.out:
+        Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.name,
+                                              "model": str(args.model), "max_batch": args.max_batch,
+                                              "runs": [r.to_json() for r in runs]}))
+    print(fidelity.outcome_table(runs))
+    print()
+    print(fidelity.step_table(runs))
+    print()
+    print("\n".join(fidelity.load_lines(runs)))
     return 0
 
 

@@ -1,0 +1,80 @@
+"""``timely-llm fidelity``: one workload on the simulator and on embedded vLLM, side by side."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.engines.hardware import load_profile
+from timely_llm.evaluation import fidelity
+from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+from timely_llm.workloads.traces import load_catalog
+
+
+@pytest.fixture(scope="module")
+def simulated() -> list[fidelity.FidelityRun]:
+    catalog = load_catalog()
+    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    workload = type(workload)(workload.name, workload.network_latency, workload.requests[:40])
+    return fidelity.simulated(load_profile("cpu-2core-smollm2-135m"), None, workload, ["timelyllm", "vllm-stream"],
+                              load_skill_models(), catalog, seed=0, max_batch=8)
+
+
+def _row(table: str, *cells: str) -> list[str]:
+    for line in table.splitlines():
+        row = [c.strip() for c in line.strip("| ").split("|")]
+        if row[:len(cells)] == list(cells):
+            return row
+    raise AssertionError(f"no row {cells} in\n{table}")
+
+
+def test_the_outcome_table_holds_each_runs_means_and_the_first_segments_split(simulated) -> None:
+    table = fidelity.outcome_table(simulated)
+    for run in simulated:
+        for category in ("urgent", "normal"):
+            done = [r for r in run.result["requests"] if r["category"] == category and r["status"] == "succeeded"]
+            row = _row(table, run.policy, category, fidelity.SIM_OWN_TOKENS)
+            assert int(row[4]) == len(done)
+            assert float(row[5].split(" / ")[0]) == pytest.approx(
+                statistics.fmean(r["response_time"] for r in done), abs=1e-3)
+            assert float(row[6].split(" / ")[0]) == pytest.approx(
+                statistics.fmean(r["waiting_time"] for r in done), abs=1e-3)
+            # the steps during its wait (queued or not) and the time outside them make up the time to its dispatch
+            prefill, decode, empty, outside = float(row[9]), float(row[10]), float(row[14]), float(row[15])
+            assert 0 <= float(row[8]) <= prefill + decode + empty + outside
+            assert prefill + decode + empty + outside == pytest.approx(
+                statistics.fmean(r["segments"][0]["gen_end"] - r["arrival"] for r in done), abs=3e-3)
+
+
+def test_the_step_table_counts_suspensions_and_resumes_only_where_the_policy_suspends(simulated) -> None:
+    table = fidelity.step_table(simulated)
+    streamed = _row(table, "vllm-stream", fidelity.SIM_OWN_TOKENS)
+    segmented = _row(table, "timelyllm", fidelity.SIM_OWN_TOKENS)
+    assert (streamed[-4], streamed[-2]) == ("0", "0")  # never suspended, never resumed
+    assert int(segmented[-4]) > 0 and int(segmented[-2]) > 0
+    for run, row in ((simulated[0], segmented), (simulated[1], streamed)):
+        origin = min(run.log["arrivals"].values())
+        assert int(row[3].split(",")[0]) == sum(1 for s in run.log["steps"] if s[0] >= origin and s[2])
+
+
+def test_only_real_runs_carry_the_machines_load(simulated) -> None:
+    assert all(run.load is None for run in simulated)
+    assert fidelity.load_lines(simulated) == []
+
+
+@pytest.mark.vllm
+def test_fidelity_prints_the_real_engine_beside_both_simulations(tmp_path) -> None:
+    out = tmp_path / "f.json"
+    proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "fidelity", "--model", "tiny", "--first", "6",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900, env=os.environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for engine in (fidelity.REAL, fidelity.SIM_OWN_TOKENS, fidelity.SIM_MODEL_TOKENS):
+        for policy in ("timelyllm", "vllm-stream"):
+            assert f"| {policy} | {engine} | 1 |" in proc.stdout, (policy, engine)
+    assert "vLLM timelyllm: other processes kept" in proc.stdout
+    assert out.is_file()
