@@ -539,7 +539,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                    choices=[n for n in POLICIES if n != "vllm-priority"],
                    help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
     p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
-                   help=f"batch cap, and vLLM's max_num_seqs (default {BURSTY_MAX_BATCH})")
+                   help=f"batch cap, and vLLM's max_num_seqs unless --vllm-arg gives it (default {BURSTY_MAX_BATCH})")
     p.add_argument("--hw", default="cpu-2core-smollm2-135m",
                    help="the simulator's hardware profile (default cpu-2core-smollm2-135m)")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
@@ -570,9 +570,10 @@ def _fidelity(args: argparse.Namespace) -> int:
           f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           "at the start", flush=True)
     _quiet_vllm_logging()
+    seqs = {} if "max_num_seqs" in dict(args.vllm_arg) else {"max_num_seqs": ("--max-batch", args.max_batch)}
     with _stdout_to_stderr():
         engine = _vllm_engine(args.model, args.vllm_arg, seed=("--seed", args.seed),
-                              scheduling_policy=("--policies", "fcfs"), max_num_seqs=("--max-batch", args.max_batch))
+                              scheduling_policy=("--policies", "fcfs"), **seqs)
     try:
         print("engine ready; warming up, then the real runs", flush=True)
         runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.skills import SkillModel
-from timely_llm.engines.base import Engine, Tokenizer
+from timely_llm.engines.base import Engine, GenerationSpec, StepOutput, Tokenizer
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import EngineSetup, run_bench
@@ -35,15 +35,33 @@ DECODE_BATCHES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 64))
 
 
 class RecordingEngine(StepLog):
-    """``StepLog`` that also counts suspensions."""
+    """``StepLog`` that also counts suspensions, and the resumes that prefilled again (their KV no longer in
+    place: the engine had given it up) with the tokens they recomputed."""
 
     def __init__(self, engine: Engine, clock: VirtualClock | WallClock) -> None:
         super().__init__(engine, clock)
         self.suspends = 0
+        self.reprefilled = 0
+        self.reprefilled_tokens = 0
+        self._resuming: set[str] = set()
 
     def suspend(self, gen_id: str) -> None:
         self.suspends += 1
         self._engine.suspend(gen_id)
+
+    def start(self, spec: GenerationSpec) -> None:
+        super().start(spec)
+        if spec.output_ids:
+            self._resuming.add(spec.gen_id)
+
+    def step(self) -> StepOutput:
+        out = super().step()
+        for gen_id, info in out.started.items():
+            if gen_id in self._resuming and info.cached_tokens < info.context_tokens:
+                self.reprefilled += 1
+                self.reprefilled_tokens += info.context_tokens - info.cached_tokens
+            self._resuming.discard(gen_id)
+        return out
 
 
 @dataclass
@@ -72,6 +90,7 @@ def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, pr
     with measured() as meter:
         result = run_bench(workload, policy, setup, skills, catalog, seed, max_batch)
     log = {"steps": recording.steps, "starts": recording.starts, "suspends": recording.suspends,
+           "reprefilled": recording.reprefilled, "reprefilled_tokens": recording.reprefilled_tokens,
            "arrivals": {r["id"]: r["arrival"] for r in result["requests"]},
            "segments": {r["id"]: [(s["gen_start"], s["gen_end"], s["tokens"], s["cached_tokens"])
                                   for s in r["segments"]] for r in result["requests"] if r["segments"]}}
@@ -146,10 +165,12 @@ def outcome_table(runs: list[FidelityRun]) -> str:
 
 def step_table(runs: list[FidelityRun]) -> str:
     """Per run: steps that prefilled (count, mean ms), decode-only steps by batch (mean ms), (re)starts (first,
-    resumes, seconds they took in the loop), suspensions, and the machine's load on the real engine."""
+    resumes, resumes that prefilled again and their tokens, seconds they took in the loop), suspensions, and the
+    machine's load on the real engine."""
     head = ["policy", "engine", "round", "prefill steps (n, ms)",
             *(f"decode ms at batch {lo}-{hi}" for lo, hi in DECODE_BATCHES),
-            "first starts", "resumes", "loop s in (re)starts", "suspends", "other processes (cores)"]
+            "first starts", "resumes", "resumes prefilled again (tokens)", "loop s in (re)starts", "suspends",
+            "other processes (cores)"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
     for run in sorted(runs, key=lambda r: (r.policy, r.engine != REAL, r.engine, r.round)):
         origin = min(run.log["arrivals"].values(), default=0.0)
@@ -160,7 +181,8 @@ def step_table(runs: list[FidelityRun]) -> str:
             cells.append(_ms([s[3] for s in steps if not s[2] and lo <= s[1] <= hi]))
         starts = run.log["starts"]
         resumes = sum(1 for _, tokens, _ in starts if tokens)
-        cells += [str(len(starts) - resumes), str(resumes), f"{sum(s for _, _, s in starts):.3f}",
+        cells += [str(len(starts) - resumes), str(resumes),
+                  f"{run.log['reprefilled']} ({run.log['reprefilled_tokens']})", f"{sum(s for _, _, s in starts):.3f}",
                   str(run.log["suspends"]), f"{run.load.others_cores:.2f}" if run.load else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
