@@ -38,7 +38,7 @@ def test_the_outcome_table_holds_each_runs_means_and_the_first_segments_split(si
     for run in simulated:
         for category in ("urgent", "normal"):
             done = [r for r in run.result["requests"] if r["category"] == category and r["status"] == "succeeded"]
-            row = _row(table, run.policy, category, fidelity.SIM_OWN_TOKENS)
+            row = _row(table, run.policy, category, fidelity.SIM)
             assert int(row[4]) == len(done)
             assert float(row[5].split(" / ")[0]) == pytest.approx(
                 statistics.fmean(r["response_time"] for r in done), abs=1e-3)
@@ -53,8 +53,8 @@ def test_the_outcome_table_holds_each_runs_means_and_the_first_segments_split(si
 
 def test_the_step_table_counts_suspensions_and_resumes_only_where_the_policy_suspends(simulated) -> None:
     table = fidelity.step_table(simulated)
-    streamed = _row(table, "vllm-stream", fidelity.SIM_OWN_TOKENS)
-    segmented = _row(table, "timelyllm", fidelity.SIM_OWN_TOKENS)
+    streamed = _row(table, "vllm-stream", fidelity.SIM)
+    segmented = _row(table, "timelyllm", fidelity.SIM)
     assert (streamed[-5], streamed[-4], streamed[-2]) == ("0", "0 (0)", "0")  # never suspended, never resumed
     assert int(segmented[-5]) > 0 and int(segmented[-2]) > 0
     # the simulator suspends in place and has memory to spare here: no resume prefills again
@@ -75,8 +75,36 @@ def test_fidelity_prints_the_real_engine_beside_both_simulations(tmp_path) -> No
     proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "fidelity", "--model", "tiny", "--first", "6",
                            "--out", str(out)], capture_output=True, text=True, timeout=900, env=os.environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for engine in (fidelity.REAL, fidelity.SIM_OWN_TOKENS, fidelity.SIM_MODEL_TOKENS):
+    for engine in (fidelity.REAL, fidelity.SIM, fidelity.SIM_STAND_IN):
         for policy in ("timelyllm", "vllm-stream"):
             assert f"| {policy} | {engine} | 1 |" in proc.stdout, (policy, engine)
     assert "vLLM timelyllm: other processes kept" in proc.stdout
     assert out.is_file()
+
+
+def test_the_cpu_profile_simulates_smollm2s_token_counts_and_vllm_cpus_blocks() -> None:
+    from transformers import AutoTokenizer
+
+    from timely_llm.engines.sim import SimEngine
+    from timely_llm.models import resolve_model
+
+    catalog = load_catalog()
+    engine = SimEngine(load_profile("cpu-2core-smollm2-135m"))
+    hf = AutoTokenizer.from_pretrained(resolve_model("smollm2")[0])
+    for trace in (1, 6):
+        prompt = catalog.prompt_text(catalog[trace].robot, catalog[trace].prompt)
+        assert engine.tokenizer.encode(prompt) == hf.encode(prompt)
+        assert engine.tokenizer.decode(engine.tokenizer.encode(catalog[trace].plan)) == catalog[trace].plan
+    assert engine.block_size == 128
+
+
+def test_a_profile_naming_an_unknown_tokenizer_is_refused(tmp_path) -> None:
+    import yaml
+
+    from timely_llm.errors import ConfigError
+
+    fields = load_profile("cpu-2core-smollm2-135m").to_dict() | {"tokenizer": "gpt-9"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    with pytest.raises(ConfigError, match="tokenizer: must be one of smollm2, tiny, got 'gpt-9'"):
+        load_profile(str(path))

@@ -397,7 +397,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
                    help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--memory-from", default=DEFAULT_HW, help="profile whose memory section is kept")
+    p.add_argument("--memory-from", default=DEFAULT_HW,
+                   help="profile whose memory section is kept, but for its block size: the engine's")
     p.add_argument("--max-model-len", type=_positive_int, default=None,
                    help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default: vllm.max_model_len of "
                         "config/timely_llm.yaml)")
@@ -414,7 +415,7 @@ def _profile(args: argparse.Namespace) -> int:
     max_model_len = args.max_model_len or given.get("max_model_len") or shipped_vllm_args().get("max_model_len")
     if not isinstance(max_model_len, int) or max_model_len < MIN_PROFILE_MODEL_LEN:
         raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
-    memory = load_profile(args.memory_from).memory
+    memory = dict(load_profile(args.memory_from).memory)
     _quiet_vllm_logging()
     from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
 
@@ -423,8 +424,11 @@ def _profile(args: argparse.Namespace) -> int:
     lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
     contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
     samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)
+    memory["block_tokens"] = float(engine.block_size)  # the prefix cache hits whole blocks of the engine's size
     engine.close()
     profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
+    if args.model in MODEL_NAMES:  # simulated with the model's token counts
+        profile = dataclasses.replace(profile, tokenizer=args.model)
     save_profile(profile, args.out)
     for term, value in profile.step.items():
         print(f"{term:24s} {value:.3e}")
@@ -528,7 +532,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
 
     p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
                      "does) on the simulator (suspending in place, as embedded vLLM does; with its own tokenizer and "
-                     "with the model's) and on embedded vLLM in real time, under each policy, and print them side "
+                     "with the stand-in one) and on embedded vLLM in real time, under each policy, and print them side "
                      "by side: per category mean and p95 response and waiting, utility, where the first segments' "
                      "time went; per run the step times by kind and batch, (re)starts, suspensions and the "
                      "machine's load.")
@@ -554,6 +558,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
 
 def _fidelity(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
+    from timely_llm.engines.sim_tokenizer import SimTokenizer
     from timely_llm.evaluation import fidelity
     from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 
@@ -578,7 +583,7 @@ def _fidelity(args: argparse.Namespace) -> int:
         print("engine ready; warming up, then the real runs", flush=True)
         runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,
                                       args.rounds, skills, catalog, args.seed, args.max_batch)
-        runs += [run for tokenizer in (None, engine.tokenizer)
+        runs += [run for tokenizer in (None, SimTokenizer())
                  for run in fidelity.simulated(profile, tokenizer, workload, policies, skills, catalog, args.seed,
                                                args.max_batch)]
     finally:

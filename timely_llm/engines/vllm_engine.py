@@ -38,27 +38,13 @@ from timely_llm.engines.base import (
     StepOutput,
 )
 from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
+from timely_llm.engines.hf_tokenizer import HfTokenizer
 from timely_llm.engines.vllm_args import check_fields, create_config
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
 PAUSED = sys.maxsize
 """A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
-
-
-class HfTokenizer:
-    """The engine's Hugging Face tokenizer behind the small ``Tokenizer`` protocol."""
-
-    def __init__(self, hf: Any) -> None:
-        self._hf = hf
-        self.eos_token_id: int = hf.eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        """Ids for a prompt, with the model's own special tokens (BOS)."""
-        return list(self._hf.encode(text))
-
-    def decode(self, ids: list[int]) -> str:
-        return self._hf.decode(ids, skip_special_tokens=True)
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """Does the simulator predict the real engine? One workload replayed on both, side by side.
 
 The same requests (recorded LRTrace plans, forced token by token) go through the same server loop and
-simulated robots twice: on the simulator (a hardware profile, suspension in place as embedded vLLM does,
+simulated robots: on the simulator (a hardware profile, suspension in place as embedded vLLM does,
 virtual clock) and on the embedded vLLM engine (wall clock), under each policy. Per policy and category:
 mean and p95 response and waiting, mean utility, and where the first segments' time went (queued, prefill
 steps, decode steps, empty steps, outside the engine: ``peer_bench.first_segment_times``); per run, the
 step times by kind and batch, the (re)starts and what they cost the loop, and the suspensions. The
-simulator runs twice: with its own stand-in tokenizer (what ``bench --hw`` does) and with the model's
-tokenizer (the engine's token ids, so prompts and plans have the real lengths).
+simulator runs twice: as its profile says (the CPU profile tokenizes as the model does) and with the
+stand-in ``SimTokenizer``, to show what token counts change.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from timely_llm.evaluation.peer_bench import StepLog, first_segment_times, floor
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 
-SIM_OWN_TOKENS = "sim"
-SIM_MODEL_TOKENS = "sim, model's tokens"
+SIM = "sim"
+SIM_STAND_IN = "sim, stand-in tokenizer"
 REAL = "vLLM"
 CATEGORIES = ("urgent", "normal", "arm")
 DECODE_BATCHES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 64))
@@ -67,7 +67,7 @@ class RecordingEngine(StepLog):
 @dataclass
 class FidelityRun:
     engine: str
-    """``SIM_OWN_TOKENS``, ``SIM_MODEL_TOKENS`` or ``REAL``."""
+    """``SIM``, ``SIM_STAND_IN`` or ``REAL``."""
     policy: str
     round: int
     result: dict
@@ -100,8 +100,8 @@ def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, pr
 def simulated(profile: HardwareProfile, tokenizer: Tokenizer | None, workload: Workload, policies: list[str],
               skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int,
               max_batch: int | None) -> list[FidelityRun]:
-    """Each policy on a fresh simulator that suspends in place; ``tokenizer`` None: the simulator's own."""
-    name = SIM_OWN_TOKENS if tokenizer is None else SIM_MODEL_TOKENS
+    """Each policy on a fresh simulator that suspends in place; ``tokenizer`` None: the profile's own."""
+    name = SIM if tokenizer is None else SIM_STAND_IN
     return [replay(name, SimEngine(profile, tokenizer, suspends_in_place=True), VirtualClock(), profile, workload,
                    policy, skills, catalog, seed, max_batch) for policy in policies]
 
