@@ -108,3 +108,31 @@ def test_a_profile_naming_an_unknown_tokenizer_is_refused(tmp_path) -> None:
     path.write_text(yaml.safe_dump(fields))
     with pytest.raises(ConfigError, match="tokenizer: must be one of smollm2, tiny, got 'gpt-9'"):
         load_profile(str(path))
+
+
+@pytest.mark.vllm
+def test_generations_suspended_in_place_keep_their_vllm_slot_at_a_full_batch_cap() -> None:
+    """At a batch cap of 2 under a burst, newcomers take the batch while suspended generations' robots execute.
+    Given vLLM slots beyond the cap (``vllm_slots``), every resume finds its generation in place; with vLLM's
+    slots at the cap, newcomers made the engine give suspended generations up and their resumes prefilled again."""
+    from timely_llm.clock import WallClock
+    from timely_llm.engines.vllm_engine import VllmEngine
+    from timely_llm.serving import vllm_slots
+
+    catalog = load_catalog()
+    burst = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    burst = type(burst)(burst.name, burst.network_latency, tuple(r for r in burst.requests[:16]))
+    logs = {}
+    for slots in (2, vllm_slots(2)):
+        engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=slots)
+        try:
+            run = fidelity.replay(fidelity.REAL, engine, WallClock(), None, burst, "timelyllm", load_skill_models(),
+                                  catalog, seed=0, max_batch=2)
+        finally:
+            engine.close()
+        assert run.result["summary"]["all"]["succeeded"] == len(burst.requests)
+        logs[slots] = run.log
+    assert logs[2]["reprefilled"] > 0 and logs[2]["suspends"] > 0
+    kept = logs[vllm_slots(2)]
+    assert kept["suspends"] > 0 and sum(1 for _, tokens, _ in kept["starts"] if tokens) > 0
+    assert kept["reprefilled"] == 0
