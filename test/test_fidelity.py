@@ -112,16 +112,20 @@ def test_a_profile_naming_an_unknown_tokenizer_is_refused(tmp_path) -> None:
 
 @pytest.mark.vllm
 def test_generations_suspended_in_place_keep_their_vllm_slot_at_a_full_batch_cap() -> None:
-    """At a batch cap of 2 under a burst, newcomers take the batch while suspended generations' robots execute.
-    Given vLLM slots beyond the cap (``vllm_slots``), every resume finds its generation in place; with vLLM's
-    slots at the cap, newcomers made the engine give suspended generations up and their resumes prefilled again."""
+    """At a batch cap of 2 under a burst of 10, newcomers take the batch while suspended generations' robots
+    execute. Given vLLM slots beyond the cap (``vllm_slots``), every resume finds its generation in place; with
+    vLLM's slots at the cap, newcomers made the engine give suspended generations up and their resumes prefilled
+    again (and before the engine freed a paused request's slot for a waiting one, the run never ended)."""
+    from dataclasses import replace
+
     from timely_llm.clock import WallClock
     from timely_llm.engines.vllm_engine import VllmEngine
     from timely_llm.serving import vllm_slots
 
     catalog = load_catalog()
     burst = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
-    burst = type(burst)(burst.name, burst.network_latency, tuple(r for r in burst.requests[:16]))
+    first = burst.requests[0].arrival
+    burst = replace(burst, requests=tuple(replace(r, arrival=r.arrival - first) for r in burst.requests[:10]))
     logs = {}
     for slots in (2, vllm_slots(2)):
         engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=slots)

@@ -158,6 +158,7 @@ class VllmEngine(Engine):
 
     def step(self) -> StepOutput:
         self._paused_blocks = None
+        self._free_slot_for_waiting()
         began = time.perf_counter()
         try:
             outputs = self._engine.step()
@@ -260,6 +261,15 @@ class VllmEngine(Engine):
         scheduler = self._scheduler()
         while self._paused and (self._block_pool().get_num_free_blocks() < blocks or slot and
                                 len(scheduler.running) + len(scheduler.waiting) >= self.max_batch):
+            self._stop_request(next(iter(self._paused.values())))
+
+    def _free_slot_for_waiting(self) -> None:
+        """Abort paused requests, oldest first, while vLLM's batch is full and a request waits for a slot: a
+        request resumed or started after the batch filled (a resume re-submitted, a start queued behind paused
+        ones) is running to our scheduler and must not wait behind requests that compute nothing."""
+        scheduler = self._scheduler()
+        while self._paused and (scheduler.waiting or scheduler.kv_holding_waiting) and \
+                len(scheduler.running) >= self.max_batch:
             self._stop_request(next(iter(self._paused.values())))
 
     def _reclaimable(self, gen: _Generation) -> int:
