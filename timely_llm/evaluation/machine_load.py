@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
-SWAMPING_SHARE = 0.25
+SWAMPING_SHARE = 0.1
 """Runs whose other processes' CPU differs by more than this share of the machine's cores (at least
-``SWAMPING_CORES``) are not compared: on a 2-core machine half a core more for the neighbours is
-enough to double a CPU engine's step times."""
-SWAMPING_CORES = 0.5
+``SWAMPING_CORES``) are not compared: on a 2-core machine 0.25-0.4 of a core more for the neighbours went
+with 2.5-7x longer decode steps of vLLM CPU (its OpenMP threads wait for each other)."""
+SWAMPING_CORES = 0.2
 
 
 @dataclass(frozen=True)
