@@ -82,7 +82,11 @@ ORIN = "jetson-orin-nx-16gb-llama32-3b-q4"
     (["fleet", "--domain-id", "999"], ["--domain-id", "0-232"]),
     (["fleet", "--out", "/nonexistent_dir/f.json"], ["/nonexistent_dir"]),
     (["demo", "--max-drones", "-2"], ["--max-drones"]),
-    (["demo", "--policy", "isolated"], ["--policy"]),
+    (["demo", "--policies", "isolated"], ["--policies"]),
+    (["demo", "--policies", "vllm", "vllm"], ["--policies", "given twice"]),
+    (["demo", "--point", "bursty", "--workload", "WID2"], ["--workload", "bursty point"]),
+    (["demo", "--rounds", "0"], ["--rounds"]),
+    (["demo", "--engine", "sim", "--duration", "0.5"], ["--duration", "no request of WID1 arrives"]),
     (["demo", "--workload", "/no/workload.json"], ["/no/workload.json"]),
     (["sweep", "--agents", "0", "--out", "{tmp}/s.json"], ["--agents"]),
     (["sweep", "--out", "/nonexistent_dir/s.json"], ["/nonexistent_dir"]),
@@ -195,3 +199,32 @@ def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixt
         while "3/5" not in capsys.readouterr().out:  # each line is read once: wait for one after the update
             assert time.monotonic() < deadline, "no progress line"
             time.sleep(0.05)
+
+
+def test_demo_help_gives_the_arrivals_each_engine_replays() -> None:
+    from timely_llm.cli import DEMO_GENERATED_SECONDS
+
+    duration = next(a for a in subcommands()["demo"]._actions if a.dest == "duration")
+    assert f"default {DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, else 60" in duration.help
+    policies = next(a for a in subcommands()["demo"]._actions if a.dest == "policies")
+    assert policies.default == ["timelyllm", "vllm-stream", "vllm"]
+
+
+def test_each_profile_description_in_the_help_is_a_whole_clause_of_its_file() -> None:
+    from timely_llm.cli import _first_comment
+    from timely_llm.engines.hardware import PROFILE_DIR
+
+    for profile in PROFILE_DIR.glob("*.yaml"):
+        comment = " ".join(line.lstrip("# ").strip() for line in profile.read_text().splitlines()
+                           if line.startswith("#"))
+        description = _first_comment(profile)
+        assert description and comment.startswith(description), profile
+        assert comment[len(description):len(description) + 1] in (".", ":", ""), (profile, description)
+
+
+def test_the_readme_command_table_lists_every_command() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme[readme.index("## Commands"):]
+    table = table[:table.index("\n## ", 1)]
+    for name in subcommands():
+        assert f"| `timely-llm {name}" in table, name

@@ -49,8 +49,8 @@ def test_workloads_mix_every_category_and_contended_comes_in_bursts(catalog) -> 
     assert generate_peer(PEER_WORKLOADS["light"], catalog, seed=1) != light
 
 
-def test_bursty_sends_every_burst_larger_than_a_server_cap_of_8(catalog) -> None:
-    bursty = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+def test_capped_sends_every_burst_larger_than_a_server_cap_of_8(catalog) -> None:
+    bursty = generate_peer(PEER_WORKLOADS["capped"], catalog, seed=0)
     bursts: list[list] = []
     for r in bursty.requests:
         if bursts and r.arrival - bursts[-1][-1].arrival < 0.01:
@@ -178,3 +178,27 @@ def test_a_node_plan_left_empty_gave_no_action_as_on_the_streaming_side() -> Non
     assert _node_record(base, skills) == RunRecord("r", "urgent", 8, True, True, 0.4, 2.0, "mf(50);")
     empty = dataclasses.replace(base, plan="", response_time=0.9, completion_time=0.9)
     assert _node_record(empty, skills) == RunRecord("r", "urgent", 8, False, False, None, None, "")
+
+
+def test_saved_runs_print_the_machines_load_and_refuse_a_verdict_when_it_differs(tmp_path, capsys) -> None:
+    from timely_llm.cli import main
+    from timely_llm.evaluation.machine_load import MachineLoad
+
+    def run(config: str, others: float, round_: int = 1) -> Run:
+        return Run("node", config, "peer-light", round_, [_record(1, "urgent", 6, 2.0, 6.0)],
+                   load=MachineLoad(60.0, others, 1.0, 2, 1.0).to_json())
+
+    floor = Run("node", FLOOR, "tasks", 1, [_record(0, "urgent", 6, 1.0, 4.0)])
+    saved = tmp_path / "peer.json"
+    saved.write_text(json.dumps({"runs": [r.to_json() for r in (floor, run("timelyllm", 0.2),
+                                                                  run("vllm-stream", 0.3))]}))
+    assert main(["peer-bench", "--from", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "peer-light, node timelyllm: other processes kept 0.20 of 2 cores busy" in out
+    assert out.strip().endswith("peer-light: comparable loads")
+    # a second round on a busy machine, for timelyllm only: rounds combined, 0.2 and 2.0 -> 1.1 against 0.3
+    saved.write_text(json.dumps({"runs": [r.to_json() for r in (floor, run("timelyllm", 0.2),
+                                                                  run("vllm-stream", 0.3), run("timelyllm", 2.0, 2))]}))
+    assert main(["peer-bench", "--from", str(saved)]) == 0
+    assert "peer-light: no verdict: other processes kept 1.10 cores busy during node timelyllm's run" in \
+        capsys.readouterr().out

@@ -40,6 +40,24 @@ def test_plan_prints_segments_then_one_json_line() -> None:
     assert "INFO" not in proc.stdout and "INFO" in proc.stderr  # vLLM's logs stay off stdout
 
 
+def test_plan_says_it_is_loading_the_engine_and_that_the_plan_stopped_at_its_token_cap() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "timely_llm.cli", "plan", "--robot", "tello", "--task", "Take off.", "--model", "tiny",
+         "--max-new-tokens", "2"],  # no statement of the grammar ends within 2 tokens
+        capture_output=True, text=True, timeout=600)
+    assert proc.stderr.startswith("loading tiny on embedded vLLM (on a CPU it compiles"), proc.stderr[-2000:]
+    assert "\ngenerating\n" in proc.stderr
+    assert "the plan stopped at its token cap (2 tokens; --max-new-tokens raises it)" in proc.stderr
+    assert "token cap" not in proc.stdout
+
+
+def test_a_plan_ended_by_the_model_is_not_at_its_cap() -> None:
+    from timely_llm.planning import GeneratedPlan
+
+    assert not GeneratedPlan("tello", "t", "succeeded", "", [1, 2, 3], [], max_new_tokens=64).stopped_at_token_cap
+    assert GeneratedPlan("tello", "t", "succeeded", "", [1, 2, 3], [], max_new_tokens=3).stopped_at_token_cap
+
+
 @pytest.mark.parametrize(("robot", "task", "reason"), [
     ("boat", "sail", f"--robot: unknown robot 'boat' (known: {', '.join(sorted(load_skill_models()))})"),
     ("tello", "  ", "--task: empty task"),

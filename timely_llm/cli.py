@@ -67,10 +67,13 @@ def _epilog() -> str:
 
 
 def _first_comment(path: Path) -> str:
-    """A profile's description: the first comment line of its YAML file."""
+    """A profile's description: its YAML file's first comment line, up to the first ': ' or '. ' (what the
+    profile is; the lines after it say how it was measured)."""
     for line in path.read_text().splitlines():
         if line.startswith("#"):
-            return line.lstrip("# ").strip().rstrip(":")
+            text = line.lstrip("# ").strip()
+            ends = [i for i in (text.find(": "), text.find(". ")) if i >= 0]
+            return text[:min(ends)] if ends else text.rstrip(":.")
     return ""
 
 
@@ -92,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "on the simulator: TimeBill vs the constant"))
     _add_serve(sub.add_parser("serve", help="run the timely_llm_server ROS 2 node"))
     _add_fleet(sub.add_parser("fleet", help="replay a workload through ROS 2 robot clients against a running node"))
-    _add_demo(sub.add_parser("demo", help="node + fleet in-process on a minute of WID1, against policy vllm"))
+    _add_demo(sub.add_parser("demo", help="node + fleet in-process, timelyllm against vllm-stream and vllm, "
+                                           "with the machine's load during each"))
     _add_load_bench(sub.add_parser("load-bench", help="the node under 100s of robots: goals in flight, accept "
                                                        "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
     _add_traffic_bench(sub.add_parser("traffic-bench", help="what each robot process receives on the action vs "
@@ -104,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub.add_parser("plan", help="generate one plan for a task on embedded vLLM, segment by segment"))
     _add_peer_bench(sub.add_parser("peer-bench", help="vllm serve with streaming robots vs the node's policies, "
                                                       "same model, prompts, grammar and arrivals: one table"))
+    _add_fidelity(sub.add_parser("fidelity", help="one workload on the simulator and on embedded vLLM, side by "
+                                                  "side per policy: does the simulator predict the engine?"))
     for command_parser in sub.choices.values():
         command_parser.set_defaults(command_parser=command_parser)
     return parser
@@ -206,7 +212,7 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
 def _bench(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.evaluation.harness import EngineSetup, run_bench
-    from timely_llm.serving import ServerConfig
+    from timely_llm.serving import ServerConfig, vllm_slots
 
     if args.engine == "remote":
         raise ConfigError("--engine remote", None, "bench force-decodes the recorded LRTrace plans, which an "
@@ -234,7 +240,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError("--estimator-profile", None, str(exc)) from None
         _quiet_vllm_logging()
         set_by_policy = {name: ("--policy", value) for name, value in config.vllm_args().items()}
-        cap = {"max_num_seqs": ("--max-batch", args.max_batch)} if args.max_batch else {}
+        cap = {"max_num_seqs": ("--max-batch", vllm_slots(args.max_batch))} if args.max_batch else {}
         engine = _vllm_engine(model, args.vllm_arg, seed=("--seed", args.seed), **set_by_policy, **cap)
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
@@ -400,7 +406,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
                    help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--memory-from", default=DEFAULT_HW, help="profile whose memory section is kept")
+    p.add_argument("--memory-from", default=DEFAULT_HW,
+                   help="profile whose memory section is kept, but for its block size: the engine's")
     p.add_argument("--max-model-len", type=_positive_int, default=None,
                    help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default: vllm.max_model_len of "
                         "config/timely_llm.yaml)")
@@ -417,7 +424,7 @@ def _profile(args: argparse.Namespace) -> int:
     max_model_len = args.max_model_len or given.get("max_model_len") or shipped_vllm_args().get("max_model_len")
     if not isinstance(max_model_len, int) or max_model_len < MIN_PROFILE_MODEL_LEN:
         raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
-    memory = load_profile(args.memory_from).memory
+    memory = dict(load_profile(args.memory_from).memory)
     _quiet_vllm_logging()
     from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
 
@@ -426,8 +433,11 @@ def _profile(args: argparse.Namespace) -> int:
     lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
     contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
     samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)
+    memory["block_tokens"] = float(engine.block_size)  # the prefix cache hits whole blocks of the engine's size
     engine.close()
     profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
+    if args.model in MODEL_NAMES:  # simulated with the model's token counts
+        profile = dataclasses.replace(profile, tokenizer=args.model)
     save_profile(profile, args.out)
     for term, value in profile.step.items():
         print(f"{term:24s} {value:.3e}")
@@ -444,8 +454,8 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
                      "engine under each policy. Every server first runs each task alone (its floor). Prints one "
                      "table of ratios to the floor; see README.md, 'Peer benchmark'.")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
-    p.add_argument("--workloads", nargs="+", default=list(PEER_WORKLOADS), choices=list(PEER_WORKLOADS),
-                   help="built-in mixed workloads (default: all)")
+    p.add_argument("--workloads", nargs="+", default=["light", "contended"], choices=list(PEER_WORKLOADS),
+                   help="built-in mixed workloads (default: light contended)")
     p.add_argument("--policies", nargs="+", default=["timelyllm", "vllm-stream"], choices=[
         n for n in POLICY_HELP if n != "isolated"], help="the node's policies (default: timelyllm vllm-stream)")
     p.add_argument("--serve-configs", nargs="*", default=["serve"], choices=SERVE_CONFIGS,
@@ -473,7 +483,15 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _peer_bench(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench, Run, RunRecord, first_segments, table
+    from timely_llm.evaluation.peer_bench import (
+        EngineConfig,
+        PeerBench,
+        Run,
+        RunRecord,
+        first_segments,
+        machine_loads,
+        table,
+    )
 
     if args.inputs:
         runs = []
@@ -483,6 +501,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
                 runs.append(Run(**raw, records=records))
         print(table(runs))
         print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
+        print("\nThe machine during the runs:\n" + machine_loads(runs))
         return 0
     if args.out is None:
         raise ConfigError("--out", None, "is required unless --from is given")
@@ -514,7 +533,88 @@ def _peer_bench(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
     print(table(bench.runs))
     print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(bench.runs))
+    print("\nThe machine during the runs:\n" + machine_loads(bench.runs))
     print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
+    return 0
+
+
+FIDELITY_POLICIES = ("timelyllm", "vllm-stream")
+
+
+def _add_fidelity(p: argparse.ArgumentParser) -> None:
+    from timely_llm.server import POLICIES
+    from timely_llm.workloads.peer import PEER_WORKLOADS
+
+    p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
+                     "does) on the simulator (suspending in place, as embedded vLLM does; with its own tokenizer and "
+                     "with the stand-in one) and on embedded vLLM in real time, under each policy, and print them side "
+                     "by side: per category mean and p95 response and waiting, utility, where the first segments' "
+                     "time went; per run the step times by kind and batch, (re)starts, suspensions and the "
+                     "machine's load.")
+    p.add_argument("--workload", default="bursty",
+                   help=f"a peer workload ({', '.join(PEER_WORKLOADS)}; default bursty), WID1, WID1-high, WID2, WID3 "
+                        "or a workload JSON file")
+    p.add_argument("--policies", nargs="+", default=list(FIDELITY_POLICIES), metavar="POLICY",
+                   choices=[n for n in POLICIES if n != "vllm-priority"],
+                   help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
+    p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
+                   help=f"batch cap (default {BURSTY_MAX_BATCH}); vLLM's max_num_seqs is the cap plus room for "
+                        "generations suspended in place, unless --vllm-arg gives it")
+    p.add_argument("--hw", default="cpu-2core-smollm2-135m",
+                   help="the simulator's hardware profile (default cpu-2core-smollm2-135m)")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="rounds on the real engine, every other one in reverse policy order (default 1)")
+    p.add_argument("--first", type=_positive_int, default=None, metavar="N", help="only the first N requests")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
+    p.add_argument("--out", type=_out_file, default=None, help="write every run (records, step logs) as JSON")
+    _add_vllm_arg(p)
+    p.set_defaults(run=_fidelity)
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import estimator_profile, load_profile
+    from timely_llm.engines.sim_tokenizer import SimTokenizer
+    from timely_llm.evaluation import fidelity
+    from timely_llm.serving import vllm_slots
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+
+    profile = load_profile(args.hw)
+    if args.workload in PEER_WORKLOADS:
+        skills, catalog, _ = _load_inputs(argparse.Namespace(workload="WID1", seed=args.seed, skill_models=None))
+        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
+    else:
+        skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
+    if args.first:
+        workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
+    policies = list(dict.fromkeys(args.policies))
+    print(f"{len(workload.requests)} requests of {workload.name}, batch cap {args.max_batch}; simulator {profile.name} "
+          f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+          "at the start", flush=True)
+    _quiet_vllm_logging()
+    seqs = {} if "max_num_seqs" in dict(args.vllm_arg) else {"max_num_seqs": ("--max-batch",
+                                                                                vllm_slots(args.max_batch))}
+    with _stdout_to_stderr():
+        engine = _vllm_engine(args.model, args.vllm_arg, seed=("--seed", args.seed),
+                              scheduling_policy=("--policies", "fcfs"), **seqs)
+    try:
+        print("engine ready; warming up, then the real runs", flush=True)
+        runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,
+                                      args.rounds, skills, catalog, args.seed, args.max_batch)
+        runs += [run for tokenizer in (None, SimTokenizer())
+                 for run in fidelity.simulated(profile, tokenizer, workload, policies, skills, catalog, args.seed,
+                                               args.max_batch)]
+    finally:
+        engine.close()
+    if args.out:
+        Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.name,
+                                              "model": str(args.model), "max_batch": args.max_batch,
+                                              "runs": [r.to_json() for r in runs]}))
+    print(fidelity.outcome_table(runs))
+    print()
+    print(fidelity.step_table(runs))
+    print()
+    print("\n".join(fidelity.load_lines(runs)))
     return 0
 
 
@@ -772,13 +872,13 @@ def _check_ros_args(argv: list[str]) -> None:
     context.try_shutdown()
 
 
-def _add_replay_args(p: argparse.ArgumentParser) -> None:
+def _add_replay_args(p: argparse.ArgumentParser, duration_default: str = "60") -> None:
     p.add_argument("--workload", default="WID1",
                    help="WID1 (default), WID1-high, WID2, WID3, or a workload JSON file")
     p.add_argument("--seed", type=_nonneg_int, default=0,
                    help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
     p.add_argument("--duration", type=_positive_float, default=60.0,
-                   help="replay the requests arriving in the first S seconds (default 60)")
+                   help=f"replay the requests arriving in the first S seconds (default {duration_default})")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
     p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
@@ -838,14 +938,31 @@ def _fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_POLICIES = ("timelyllm", "vllm-stream", "vllm")
+DEMO_POINTS = {
+    "light": "WID1 (or --workload), the batch cap the policy's: the engine keeps up and the streaming policies "
+             "are level",
+    "bursty": "106 drone tasks in 60 s in bursts of up to 16, the batch capped at 8 (--max-batch): slots are "
+              "scarce and the scheduler decides who gets them",
+}
+BURSTY_MAX_BATCH = 8
+
+
 def _add_demo(p: argparse.ArgumentParser) -> None:
     import importlib.util
 
     from timely_llm.server import POLICIES
 
-    _add_replay_args(p)
-    p.set_defaults(duration=None)
+    p.description = ("Start the node in this process and replay a fleet's requests to it over ROS 2 in real time, "
+                     "once per policy, one policy after the other; print each policy's results, how busy the "
+                     "machine was during each run (the CPU other processes took) and, where the runs saw "
+                     "comparable machines, how the first policy fared against each other one.")
+    _add_replay_args(p, duration_default=f"{DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, "
+                                         "else 60; --point bursty: all its 60 s")
+    p.set_defaults(duration=None, workload=None)
     _add_robot_args(p, tello_sim=True)
+    p.add_argument("--point", choices=tuple(DEMO_POINTS), default="light",
+                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items()) + " (default light)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="vllm" if importlib.util.find_spec("vllm") else "sim",
                    help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
                         "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
@@ -855,48 +972,91 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
                    help="vllm: force-decode the recorded LRTrace plans instead of generating from the task texts")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEMO_PLAN_TOKENS,
                    help=f"vllm: cap on a generated plan's tokens (default {DEMO_PLAN_TOKENS})")
-    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
-                   help=f"policy compared against vllm: one of {', '.join(POLICIES)} (default timelyllm)")
+    p.add_argument("--max-batch", type=_positive_int, default=None,
+                   help=f"batch cap of the node (vLLM keeps its max_num_seqs, room for generations suspended in "
+                        f"place); default: the policy's, {BURSTY_MAX_BATCH} at --point bursty")
+    p.add_argument("--policies", nargs="+", choices=tuple(POLICIES), default=list(DEMO_POLICIES), metavar="POLICY",
+                   help=f"policies run, the first compared with each other one: of {', '.join(POLICIES)} "
+                        f"(default {' '.join(DEMO_POLICIES)})")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="rounds of all the policies, every other round in reverse order (ABC, CBA, ...), so that "
+                        "each policy sees the same machine on average; results merged over rounds (default 1)")
     _add_vllm_arg(p)
     p.set_defaults(run=_demo)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet, server_node
+def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload, int | None]:
+    """The demo's skill models, catalog, workload (its point's, cut to the duration) and batch cap."""
+    from timely_llm.ros.fleet import cut
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 
+    if args.point == "bursty":
+        if args.workload is not None:
+            raise ConfigError("--workload", None, "the bursty point has its own workload: give one or the other")
+        skills, catalog, _ = _load_inputs(argparse.Namespace(**{**vars(args), "workload": "WID1"}))
+        workload = cut(generate_peer(PEER_WORKLOADS["bursty"], catalog, args.seed), args.duration)
+        return skills, catalog, workload, args.max_batch or BURSTY_MAX_BATCH
+    args.workload = args.workload or "WID1"
     skills, catalog, workload = _load_inputs(args)
     generate = args.engine == "vllm" and not args.replay
-    duration = args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)
-    workload = cut(workload, duration)
-    node_params: dict[str, object] = {}
+    return skills, catalog, cut(workload, args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)), \
+        args.max_batch
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from timely_llm.evaluation.machine_load import combined, measured, verdict_lines
+    from timely_llm.ros.fleet import fleet_result, ros_session, run_fleet, server_node
+
+    if len(set(args.policies)) < len(args.policies):
+        raise ConfigError("--policies", None, "a policy given twice")
+    skills, catalog, workload, max_batch = _demo_inputs(args)
+    if not workload.requests:
+        raise ConfigError("--duration", None, f"no request of {workload.name} arrives in the first {args.duration} s")
+    generate = args.engine == "vllm" and not args.replay
+    node_params: dict[str, object] = {"max_batch": max_batch} if max_batch else {}
     if args.engine == "vllm":
         _quiet_vllm_logging()
-        node_params = {"model": args.model, **{f"vllm.{k}": v for k, v in _checked_vllm_args(args.vllm_arg).items()}}
+        vllm_args = _checked_vllm_args(args.vllm_arg)
+        node_params |= {"model": args.model, **{f"vllm.{k}": v for k, v in vllm_args.items()}}
     elif args.vllm_arg:
         raise ConfigError("--vllm-arg", None, "applies to --engine vllm only")
     if generate:
         node_params["segment_timeout_margin"] = GENERATED_SEGMENT_TIMEOUT_MARGIN
     source = f"plans generated by {args.model} from the task texts" if generate else "recorded LRTrace plans"
-    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine, {source}; "
-          f"each policy replays them in real time ({duration:.0f} s of arrivals)", flush=True)
-    results = []
-    for policy in (args.policy, "vllm"):
-        print(f"{policy}: starting the node ({args.engine} engine)", flush=True)
-        with ros_session(args.domain_id) as (context, executor), \
-                server_node(executor, context, engine=args.engine, policy=policy, **node_params,
-                            network_latency=workload.network_latency), \
-                _robots(args, workload, catalog, skills) as runners, \
-                _progress(policy, len(workload.requests)) as progress:
-            records = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
+    arrivals = max((r.arrival for r in workload.requests), default=0.0)
+    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine, {source}, "
+          f"batch cap {max_batch or 'none'}; each policy replays them in real time ({arrivals:.0f} s of "
+          f"arrivals); {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    records: dict[str, list[dict]] = {policy: [] for policy in args.policies}
+    loads: dict[str, list] = {policy: [] for policy in args.policies}
+    for round_ in range(args.rounds):
+        for policy in args.policies if round_ % 2 == 0 else args.policies[::-1]:
+            label = f"{policy}" + (f" (round {round_ + 1})" if args.rounds > 1 else "")
+            print(f"{label}: starting the node ({args.engine} engine)", flush=True)
+            with ros_session(args.domain_id) as (context, executor), \
+                    server_node(executor, context, engine=args.engine, policy=policy, **node_params,
+                                network_latency=workload.network_latency), \
+                    _robots(args, workload, catalog, skills) as runners, \
+                    _progress(policy, len(workload.requests)) as progress, measured() as meter:
+                got = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
                                 generate=generate, max_new_tokens=args.max_new_tokens if generate else 0,
                                 interface=args.interface)
-        results.append(fleet_result(workload, records, policy, args.seed))
-        print(f"{policy}: {results[-1]['summary']['all']['succeeded']} of {len(records)} requests succeeded",
-              flush=True)
-    print("\nresults (wall clock: they vary a little from run to run):")
-    for result in results:  # last, after every engine's start-up output
+            records[policy] += got
+            loads[policy] += [meter.load] if meter.load else []
+            print(f"{label}: {sum(r['status'] == 'succeeded' for r in got)} of {len(got)} requests succeeded; "
+                  + (meter.load.describe() if meter.load else "machine load not measured (no /proc)"), flush=True)
+    results = {policy: fleet_result(workload, records[policy], policy, args.seed) for policy in args.policies}
+    machine = {policy: combined(found) for policy, found in loads.items() if found}
+    print(f"\nresults ({'merged over ' + str(args.rounds) + ' rounds; ' if args.rounds > 1 else ''}"
+          "wall clock: they vary with the machine's load):")
+    for policy, result in results.items():  # last, after every engine's start-up output
         _print_summary(result)
+        if policy in machine:
+            print(f"  machine during {policy}: {machine[policy].describe()}")
         _print_failures(result["requests"])
+    print()
+    for line in verdict_lines({p: r["summary"] for p, r in results.items()}, machine):
+        print(line)
     return 0
 
 
@@ -1204,14 +1364,20 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--task", None, "empty task")
     _quiet_vllm_logging()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    print(f"loading {args.model} on embedded vLLM (on a CPU it compiles for about half a minute first)",
+          file=sys.stderr, flush=True)
     with _stdout_to_stderr():  # anything else vLLM and its libraries print
         engine = _vllm_engine(args.model, args.vllm_arg)
         try:
+            print("generating", file=sys.stderr, flush=True)
             plan = generate_plan(engine, skills[args.robot], args.task,
                                  constrained=not args.no_grammar, max_new_tokens=args.max_new_tokens,
                                  on_segment=lambda s: s.text and print(f"segment {s.index}: {s.text}", file=out))
         finally:
             engine.close()
+    if plan.stopped_at_token_cap:
+        print(f"the plan stopped at its token cap ({args.max_new_tokens} tokens; --max-new-tokens raises it): "
+              "the model had not ended it, so it may stop short of the task", file=sys.stderr)
     if plan.reason:
         print(f"{plan.status}: {plan.reason}", file=out)
     if args.json:

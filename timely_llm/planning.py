@@ -35,6 +35,12 @@ class GeneratedPlan:
     output_ids: list[int]
     segments: list[Segment]
     """Segments with text (the server may end a plan with an empty one: 'nothing more')."""
+    max_new_tokens: int
+
+    @property
+    def stopped_at_token_cap(self) -> bool:
+        """Generation ended because the plan used up its tokens, not because the model ended it."""
+        return len(self.output_ids) >= self.max_new_tokens
 
     @property
     def text(self) -> str:
@@ -67,7 +73,7 @@ def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
                        max_new_tokens=max_new_tokens, constrained=constrained)
     (request,) = generate_together(engine, {robot.robot: robot}, [plan], segmented=segmented, on_segment=on_segment)
     return GeneratedPlan(robot.robot, task, request.status.value, request.reason, list(request.output_ids),
-                         [s for s in request.segments if s.text])
+                         [s for s in request.segments if s.text], max_new_tokens)
 
 
 def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list[PlanRequest], *, segmented: bool,

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from timely_llm.errors import ConfigError, read_mapping
+from timely_llm.models import MODEL_NAMES
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hw"
 STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_seq", "per_kv_token", "prefill_stall")
@@ -39,6 +40,9 @@ class HardwareProfile:
     step: dict[str, float]
     memory: dict[str, float]
     max_model_len: int
+    tokenizer: str | None = None
+    """A shipped model (``MODEL_NAMES``) whose tokenizer the simulator uses, so that prompts and plans have
+    that model's token counts; None: the stand-in ``SimTokenizer`` (Llama-3-like counts)."""
 
     @property
     def block_tokens(self) -> int:
@@ -63,7 +67,8 @@ class HardwareProfile:
         )
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "step": self.step, "memory": self.memory, "max_model_len": self.max_model_len}
+        return {"name": self.name, **({"tokenizer": self.tokenizer} if self.tokenizer else {}), "step": self.step,
+                "memory": self.memory, "max_model_len": self.max_model_len}
 
 
 def estimator_profile(given: str | None, engine: str, model: str | None, hw: str) -> HardwareProfile | None:
@@ -92,7 +97,10 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     max_len = data.get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
         raise ConfigError(source, "max_model_len", "must be a positive integer")
-    profile = HardwareProfile(str(data.get("name", path.stem)), step, memory, max_len)
+    tokenizer = data.get("tokenizer")
+    if tokenizer is not None and tokenizer not in MODEL_NAMES:
+        raise ConfigError(source, "tokenizer", f"must be one of {', '.join(MODEL_NAMES)}, got {tokenizer!r}")
+    profile = HardwareProfile(str(data.get("name", path.stem)), step, memory, max_len, tokenizer)
     if profile.num_kv_blocks <= 0:
         raise ConfigError(source, "memory", "no memory left for the KV cache")
     return profile

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput, Tokenizer
 from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.hf_tokenizer import model_tokenizer
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 
 
@@ -39,13 +40,13 @@ def zero_time(profile: HardwareProfile) -> HardwareProfile:
 
 
 class SimEngine(Engine):
-    def __init__(self, profile: HardwareProfile, tokenizer: SimTokenizer | None = None,
+    def __init__(self, profile: HardwareProfile, tokenizer: Tokenizer | None = None,
                  suspends_in_place: bool = False) -> None:
         """``suspends_in_place``: model the embedded vLLM engine's suspension, which keeps a generation's
         KV blocks until a newcomer needs them (a resume then prefills nothing); by default a suspension
         drops them to the prefix cache, as the profiles were measured."""
         self.profile = profile
-        self.tokenizer = tokenizer or SimTokenizer()
+        self.tokenizer = tokenizer or (model_tokenizer(profile.tokenizer) if profile.tokenizer else SimTokenizer())
         self.block_size = profile.block_tokens
         self.blocks = BlockManager(profile.num_kv_blocks, self.block_size)
         self.suspends_in_place = suspends_in_place

@@ -38,31 +38,13 @@ from timely_llm.engines.base import (
     StepOutput,
 )
 from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
+from timely_llm.engines.hf_tokenizer import HfTokenizer
 from timely_llm.engines.vllm_args import check_fields, create_config
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
 PAUSED = sys.maxsize
 """A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
-
-
-class HfTokenizer:
-    """The engine's Hugging Face tokenizer behind the small ``Tokenizer`` protocol."""
-
-    def __init__(self, hf: Any) -> None:
-        self._hf = hf
-        self.eos_token_id: int = hf.eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        """Ids for a prompt, with the model's own special tokens (BOS)."""
-        return list(self._hf.encode(text))
-
-    def encode_continuation(self, text: str) -> list[int]:
-        """Ids of ``text`` written after other tokens (an observation): no BOS."""
-        return list(self._hf.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: list[int]) -> str:
-        return self._hf.decode(ids, skip_special_tokens=True)
 
 
 @dataclass
@@ -176,6 +158,7 @@ class VllmEngine(Engine):
 
     def step(self) -> StepOutput:
         self._paused_blocks = None
+        self._free_slot_for_waiting()
         began = time.perf_counter()
         try:
             outputs = self._engine.step()
@@ -278,6 +261,15 @@ class VllmEngine(Engine):
         scheduler = self._scheduler()
         while self._paused and (self._block_pool().get_num_free_blocks() < blocks or slot and
                                 len(scheduler.running) + len(scheduler.waiting) >= self.max_batch):
+            self._stop_request(next(iter(self._paused.values())))
+
+    def _free_slot_for_waiting(self) -> None:
+        """Abort paused requests, oldest first, while vLLM's batch is full and a request waits for a slot: a
+        request resumed or started after the batch filled (a resume re-submitted, a start queued behind paused
+        ones) is running to our scheduler and must not wait behind requests that compute nothing."""
+        scheduler = self._scheduler()
+        while self._paused and (scheduler.waiting or scheduler.kv_holding_waiting) and \
+                len(scheduler.running) >= self.max_batch:
             self._stop_request(next(iter(self._paused.values())))
 
     def _reclaimable(self, gen: _Generation) -> int:

@@ -39,8 +39,9 @@ from timely_llm.core.segmenter import Segmenter
 from timely_llm.core.skills import SkillModel
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.evaluation.harness import SimulatedRobots
+from timely_llm.evaluation.machine_load import MachineLoad, combined, load_verdict, measured
 from timely_llm.server import PlanRequest
-from timely_llm.serving import Driver, ServerConfig, build_server
+from timely_llm.serving import Driver, ServerConfig, build_server, vllm_slots
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -92,10 +93,12 @@ class Run:
     records: list[RunRecord] = field(default_factory=list)
     log: dict | None = None
     """The node's step log (``StepLog``), where recorded."""
+    load: dict | None = None
+    """The machine's load during the run (``MachineLoad.to_json``), where measured."""
 
     def to_json(self) -> dict:
         return {"side": self.side, "config": self.config, "workload": self.workload, "round": self.round,
-                "records": [vars(r) for r in self.records], "log": self.log}
+                "records": [vars(r) for r in self.records], "log": self.log, "load": self.load}
 
 
 def robot_times(seed: int, request_id: str, robot: SkillModel, arrival: float, gen_ends: list[tuple[str, float]],
@@ -415,7 +418,7 @@ def first_segments(runs: list[Run], category: str = "urgent") -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for run in sorted((r for r in runs if r.log and r.side in ("node", NODE_REMOTE)),
                       key=lambda r: (r.workload, r.side, r.config, r.round)):
-        rows = [_first_segment(run.log, rec.id) for rec in run.records
+        rows = [first_segment_times(run.log, rec.id) for rec in run.records
                 if rec.category == category and rec.succeeded and rec.id in run.log["segments"]]
         if rows:
             means = [statistics.fmean(column) for column in zip(*rows, strict=True)]
@@ -425,7 +428,8 @@ def first_segments(runs: list[Run], category: str = "urgent") -> str:
     return "\n".join(lines)
 
 
-def _first_segment(log: dict, request_id: str) -> tuple[float, ...]:
+def first_segment_times(log: dict, request_id: str) -> tuple[float, ...]:
+    """One request's row of ``first_segments``, from a step log holding ``steps``, ``segments`` and ``arrivals``."""
     arrival = log["arrivals"][request_id]
     started, dispatched = log["segments"][request_id][0][:2]
     steps = [s for s in log["steps"] if arrival <= s[0] < dispatched]
@@ -512,7 +516,11 @@ class PeerBench:
                                for t in self.catalog.traces}
             warm = Workload("warm", 0.0, tuple(self._floor()))
             passes = [robots.replay(warm, alone=True) for _ in range(2)]  # the first compiles, fills the cache
-            runs = [Run(config, config, workload.name, round_, robots.replay(workload)) for workload in self.workloads]
+            runs = []
+            for workload in self.workloads:
+                with measured() as meter:
+                    records = robots.replay(workload)
+                runs.append(Run(config, config, workload.name, round_, records, load=_load(meter.load)))
             passes.append(robots.replay(warm, alone=True))
             floor = quickest(passes)
             self._record(Run(config, FLOOR, "tasks", round_, floor), progress)
@@ -554,7 +562,7 @@ class PeerBench:
         progress(f"round {round_}: starting the node's engine")
         engine = VllmEngine(self.engine.model, max_model_len=self.engine.max_model_len,
                             kv_cache_gib=self.engine.kv_cache_gib, seed=self.engine.seed,
-                            max_num_seqs=self.engine.max_num_seqs,
+                            max_num_seqs=vllm_slots(self.engine.max_num_seqs),
                             **({"block_size": self.engine.block_size} if self.engine.block_size else {}))
         try:
             ids = {t: engine.tokenizer.encode(self.catalog.prompt_text(self.catalog[t].robot, self.catalog[t].prompt))
@@ -575,9 +583,10 @@ class PeerBench:
             for workload in self.workloads:
                 for policy in self.policies:
                     log: dict = {}
-                    records = node_replay(engine, workload, list(workload.requests), policy, self.skills,
-                                          self.catalog, self.engine, step_profile, log)
-                    runs.append(Run("node", policy, workload.name, round_, records, log))
+                    with measured() as meter:
+                        records = node_replay(engine, workload, list(workload.requests), policy, self.skills,
+                                              self.catalog, self.engine, step_profile, log)
+                    runs.append(Run("node", policy, workload.name, round_, records, log, _load(meter.load)))
             passes.append(alone())
             self._record(Run("node", FLOOR, "tasks", round_, quickest(passes)), progress)
             for run in runs:
@@ -591,6 +600,25 @@ class PeerBench:
                 "reserved_cpus": self.reserved_cpus,
                 "prompt_ids_match": self.prompt_ids_match,
                 "workloads": [w.to_json() for w in self.workloads], "runs": [r.to_json() for r in self.runs]}
+
+
+def _load(load: MachineLoad | None) -> dict | None:
+    return load.to_json() if load else None
+
+
+def machine_loads(runs: list[Run]) -> str:
+    """Per workload, the machine's load during each server's and policy's runs (rounds combined), and whether
+    it allows comparing them (``load_verdict``)."""
+    lines = []
+    for workload in sorted({r.workload for r in runs if r.load}):
+        loads: dict[str, list[MachineLoad]] = {}
+        for run in (r for r in runs if r.workload == workload and r.load):
+            label = f"{'node ' if run.side == 'node' else 'vllm '}{run.config}"
+            loads.setdefault(label, []).append(MachineLoad.from_json(run.load))
+        merged = {label: combined(found) for label, found in loads.items()}
+        lines += [f"{workload}, {label}: {load.describe()}" for label, load in merged.items()]
+        lines.append(f"{workload}: " + (load_verdict(merged) or "comparable loads"))
+    return "\n".join(lines)
 
 
 def _at_zero(request: WorkloadRequest) -> WorkloadRequest:

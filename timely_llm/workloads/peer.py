@@ -3,7 +3,8 @@
 Plans are generated from the LRTrace task texts (not replayed), so every request costs what the
 model writes. ``light`` keeps the engine mostly idle between arrivals; ``contended`` sends bursts
 of tasks, more than the engine serves at once, so requests queue and the policies differ; ``bursty``
-sends bursts of 10-14 tasks, more than a server capped at 8 sequences (``--max-num-seqs 8``) admits.
+sends bigger bursts, meant for a capped batch (``timely-llm demo --point bursty``); ``capped`` sends bursts of
+10-14 tasks, more than a server capped at 8 sequences (``--max-num-seqs 8``) admits.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class PeerSpec:
 PEER_WORKLOADS = {
     "light": PeerSpec("light", 15, 15 / 54, 1, 1 / 3, 0.2),
     "contended": PeerSpec("contended", 34, 0.5, 6, 0.4, 0.2),
-    "bursty": PeerSpec("bursty", 36, 0.2, 14, 0.4, 0.2, min_tasks_per_event=10),
+    "bursty": PeerSpec("bursty", 106, 0.22, 16, 0.4, 0.0),
+    "capped": PeerSpec("capped", 36, 0.2, 14, 0.4, 0.2, min_tasks_per_event=10),
 }
+"""``bursty``: drones only, 106 tasks in 60 s in bursts of up to 16, above a batch cap of 8: where batch slots
+are scarce and a scheduler has something to decide."""
 
 
 def generate_peer(spec: PeerSpec, catalog: TraceCatalog, seed: int = 0, network_latency: float = 0.008) -> Workload:

@@ -1,0 +1,142 @@
+"""``timely-llm fidelity``: one workload on the simulator and on embedded vLLM, side by side."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from timely_llm.core.skills import load_skill_models
+from timely_llm.engines.hardware import load_profile
+from timely_llm.evaluation import fidelity
+from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+from timely_llm.workloads.traces import load_catalog
+
+
+@pytest.fixture(scope="module")
+def simulated() -> list[fidelity.FidelityRun]:
+    catalog = load_catalog()
+    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    workload = type(workload)(workload.name, workload.network_latency, workload.requests[:40])
+    return fidelity.simulated(load_profile("cpu-2core-smollm2-135m"), None, workload, ["timelyllm", "vllm-stream"],
+                              load_skill_models(), catalog, seed=0, max_batch=8)
+
+
+def _row(table: str, *cells: str) -> list[str]:
+    for line in table.splitlines():
+        row = [c.strip() for c in line.strip("| ").split("|")]
+        if row[:len(cells)] == list(cells):
+            return row
+    raise AssertionError(f"no row {cells} in\n{table}")
+
+
+def test_the_outcome_table_holds_each_runs_means_and_the_first_segments_split(simulated) -> None:
+    table = fidelity.outcome_table(simulated)
+    for run in simulated:
+        for category in ("urgent", "normal"):
+            done = [r for r in run.result["requests"] if r["category"] == category and r["status"] == "succeeded"]
+            row = _row(table, run.policy, category, fidelity.SIM)
+            assert int(row[4]) == len(done)
+            assert float(row[5].split(" / ")[0]) == pytest.approx(
+                statistics.fmean(r["response_time"] for r in done), abs=1e-3)
+            assert float(row[6].split(" / ")[0]) == pytest.approx(
+                statistics.fmean(r["waiting_time"] for r in done), abs=1e-3)
+            # the steps during its wait (queued or not) and the time outside them make up the time to its dispatch
+            prefill, decode, empty, outside = float(row[9]), float(row[10]), float(row[14]), float(row[15])
+            assert 0 <= float(row[8]) <= prefill + decode + empty + outside
+            assert prefill + decode + empty + outside == pytest.approx(
+                statistics.fmean(r["segments"][0]["gen_end"] - r["arrival"] for r in done), abs=3e-3)
+
+
+def test_the_step_table_counts_suspensions_and_resumes_only_where_the_policy_suspends(simulated) -> None:
+    table = fidelity.step_table(simulated)
+    streamed = _row(table, "vllm-stream", fidelity.SIM)
+    segmented = _row(table, "timelyllm", fidelity.SIM)
+    assert (streamed[-5], streamed[-4], streamed[-2]) == ("0", "0 (0)", "0")  # never suspended, never resumed
+    assert int(segmented[-5]) > 0 and int(segmented[-2]) > 0
+    # the simulator suspends in place and has memory to spare here: no resume prefills again
+    assert segmented[-4] == "0 (0)"
+    for run, row in ((simulated[0], segmented), (simulated[1], streamed)):
+        origin = min(run.log["arrivals"].values())
+        assert int(row[3].split(",")[0]) == sum(1 for s in run.log["steps"] if s[0] >= origin and s[2])
+
+
+def test_only_real_runs_carry_the_machines_load(simulated) -> None:
+    assert all(run.load is None for run in simulated)
+    assert fidelity.load_lines(simulated) == []
+
+
+@pytest.mark.vllm
+def test_fidelity_prints_the_real_engine_beside_both_simulations(tmp_path) -> None:
+    out = tmp_path / "f.json"
+    proc = subprocess.run([sys.executable, "-m", "timely_llm.cli", "fidelity", "--model", "tiny", "--first", "6",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900, env=os.environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for engine in (fidelity.REAL, fidelity.SIM, fidelity.SIM_STAND_IN):
+        for policy in ("timelyllm", "vllm-stream"):
+            assert f"| {policy} | {engine} | 1 |" in proc.stdout, (policy, engine)
+    assert "vLLM timelyllm: other processes kept" in proc.stdout
+    assert out.is_file()
+
+
+def test_the_cpu_profile_simulates_smollm2s_token_counts_and_vllm_cpus_blocks() -> None:
+    from transformers import AutoTokenizer
+
+    from timely_llm.engines.sim import SimEngine
+    from timely_llm.models import resolve_model
+
+    catalog = load_catalog()
+    engine = SimEngine(load_profile("cpu-2core-smollm2-135m"))
+    hf = AutoTokenizer.from_pretrained(resolve_model("smollm2")[0])
+    for trace in (1, 6):
+        prompt = catalog.prompt_text(catalog[trace].robot, catalog[trace].prompt)
+        assert engine.tokenizer.encode(prompt) == hf.encode(prompt)
+        assert engine.tokenizer.decode(engine.tokenizer.encode(catalog[trace].plan)) == catalog[trace].plan
+    assert engine.block_size == 128
+
+
+def test_a_profile_naming_an_unknown_tokenizer_is_refused(tmp_path) -> None:
+    import yaml
+
+    from timely_llm.errors import ConfigError
+
+    fields = load_profile("cpu-2core-smollm2-135m").to_dict() | {"tokenizer": "gpt-9"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    with pytest.raises(ConfigError, match="tokenizer: must be one of smollm2, tiny, got 'gpt-9'"):
+        load_profile(str(path))
+
+
+@pytest.mark.vllm
+def test_generations_suspended_in_place_keep_their_vllm_slot_at_a_full_batch_cap() -> None:
+    """At a batch cap of 2 under a burst of 10, newcomers take the batch while suspended generations' robots
+    execute. Given vLLM slots beyond the cap (``vllm_slots``), every resume finds its generation in place; with
+    vLLM's slots at the cap, newcomers made the engine give suspended generations up and their resumes prefilled
+    again (and before the engine freed a paused request's slot for a waiting one, the run never ended)."""
+    from dataclasses import replace
+
+    from timely_llm.clock import WallClock
+    from timely_llm.engines.vllm_engine import VllmEngine
+    from timely_llm.serving import vllm_slots
+
+    catalog = load_catalog()
+    burst = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    first = burst.requests[0].arrival
+    burst = replace(burst, requests=tuple(replace(r, arrival=r.arrival - first) for r in burst.requests[:10]))
+    logs = {}
+    for slots in (2, vllm_slots(2)):
+        engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=slots)
+        try:
+            run = fidelity.replay(fidelity.REAL, engine, WallClock(), None, burst, "timelyllm", load_skill_models(),
+                                  catalog, seed=0, max_batch=2)
+        finally:
+            engine.close()
+        assert run.result["summary"]["all"]["succeeded"] == len(burst.requests)
+        logs[slots] = run.log
+    assert logs[2]["reprefilled"] > 0 and logs[2]["suspends"] > 0
+    kept = logs[vllm_slots(2)]
+    assert kept["suspends"] > 0 and sum(1 for _, tokens, _ in kept["starts"] if tokens) > 0
+    assert kept["reprefilled"] == 0
