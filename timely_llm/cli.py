@@ -212,7 +212,7 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
 def _bench(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.evaluation.harness import EngineSetup, run_bench
-    from timely_llm.serving import ServerConfig, vllm_slots
+    from timely_llm.serving import ServerConfig
 
     if args.engine == "remote":
         raise ConfigError("--engine remote", None, "bench force-decodes the recorded LRTrace plans, which an "
@@ -240,7 +240,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError("--estimator-profile", None, str(exc)) from None
         _quiet_vllm_logging()
         set_by_policy = {name: ("--policy", value) for name, value in config.vllm_args().items()}
-        cap = {"max_num_seqs": ("--max-batch", vllm_slots(args.max_batch))} if args.max_batch else {}
+        cap = {"max_num_seqs": ("--max-batch", args.max_batch)} if args.max_batch else {}
         engine = _vllm_engine(model, args.vllm_arg, seed=("--seed", args.seed), **set_by_policy, **cap)
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
@@ -558,8 +558,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                    choices=[n for n in POLICIES if n != "vllm-priority"],
                    help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
     p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
-                   help=f"batch cap (default {BURSTY_MAX_BATCH}); vLLM's max_num_seqs is the cap plus room for "
-                        "generations suspended in place, unless --vllm-arg gives it")
+                   help=f"batch cap, and vLLM's max_num_seqs unless --vllm-arg gives it (default {BURSTY_MAX_BATCH})")
     p.add_argument("--hw", default="cpu-2core-smollm2-135m",
                    help="the simulator's hardware profile (default cpu-2core-smollm2-135m)")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
@@ -576,7 +575,6 @@ def _fidelity(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.engines.sim_tokenizer import SimTokenizer
     from timely_llm.evaluation import fidelity
-    from timely_llm.serving import vllm_slots
     from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 
     profile = load_profile(args.hw)
@@ -592,8 +590,7 @@ def _fidelity(args: argparse.Namespace) -> int:
           f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           "at the start", flush=True)
     _quiet_vllm_logging()
-    seqs = {} if "max_num_seqs" in dict(args.vllm_arg) else {"max_num_seqs": ("--max-batch",
-                                                                                vllm_slots(args.max_batch))}
+    seqs = {} if "max_num_seqs" in dict(args.vllm_arg) else {"max_num_seqs": ("--max-batch", args.max_batch)}
     with _stdout_to_stderr():
         engine = _vllm_engine(args.model, args.vllm_arg, seed=("--seed", args.seed),
                               scheduling_policy=("--policies", "fcfs"), **seqs)
@@ -973,8 +970,8 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEMO_PLAN_TOKENS,
                    help=f"vllm: cap on a generated plan's tokens (default {DEMO_PLAN_TOKENS})")
     p.add_argument("--max-batch", type=_positive_int, default=None,
-                   help=f"batch cap of the node (vLLM keeps its max_num_seqs, room for generations suspended in "
-                        f"place); default: the policy's, {BURSTY_MAX_BATCH} at --point bursty")
+                   help=f"batch cap of the node (and vLLM's max_num_seqs); default: the policy's, "
+                        f"{BURSTY_MAX_BATCH} at --point bursty")
     p.add_argument("--policies", nargs="+", choices=tuple(POLICIES), default=list(DEMO_POLICIES), metavar="POLICY",
                    help=f"policies run, the first compared with each other one: of {', '.join(POLICIES)} "
                         f"(default {' '.join(DEMO_POLICIES)})")
@@ -1017,6 +1014,8 @@ def _demo(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         _quiet_vllm_logging()
         vllm_args = _checked_vllm_args(args.vllm_arg)
+        if max_batch:
+            vllm_args.setdefault("max_num_seqs", max_batch)
         node_params |= {"model": args.model, **{f"vllm.{k}": v for k, v in vllm_args.items()}}
     elif args.vllm_arg:
         raise ConfigError("--vllm-arg", None, "applies to --engine vllm only")

@@ -18,18 +18,6 @@ from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.server import POLICIES, PlanRequest, Server, ServingPolicy, parts_of
 
-PAUSED_SLOTS = 64
-"""vLLM request slots (``max_num_seqs``) an embedded engine gets beyond the batch cap. A generation suspended in
-place keeps its vLLM slot (its KV and grammar state) while its robot executes, and computes nothing; with no
-slot to spare, every newcomer at a full batch made the engine give up a suspended generation, whose resume then
-prefilled again (up to a 128-token block on the CPU): a cost normal robots paid at capped batches."""
-
-
-def vllm_slots(max_batch: int) -> int:
-    """``max_num_seqs`` of an embedded vLLM engine serving at most ``max_batch`` generations a step."""
-    return max_batch + PAUSED_SLOTS
-
-
 Action = Callable[[Server], object]
 """Something that happens to the server at a time: a request arrives, a robot reports."""
 

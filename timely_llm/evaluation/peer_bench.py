@@ -41,7 +41,7 @@ from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.evaluation.harness import SimulatedRobots
 from timely_llm.evaluation.machine_load import MachineLoad, combined, load_verdict, measured
 from timely_llm.server import PlanRequest
-from timely_llm.serving import Driver, ServerConfig, build_server, vllm_slots
+from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog
 
@@ -562,7 +562,7 @@ class PeerBench:
         progress(f"round {round_}: starting the node's engine")
         engine = VllmEngine(self.engine.model, max_model_len=self.engine.max_model_len,
                             kv_cache_gib=self.engine.kv_cache_gib, seed=self.engine.seed,
-                            max_num_seqs=vllm_slots(self.engine.max_num_seqs),
+                            max_num_seqs=self.engine.max_num_seqs,
                             **({"block_size": self.engine.block_size} if self.engine.block_size else {}))
         try:
             ids = {t: engine.tokenizer.encode(self.catalog.prompt_text(self.catalog[t].robot, self.catalog[t].prompt))
