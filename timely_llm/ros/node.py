@@ -12,13 +12,15 @@ needed.
 Thread model. No thread waits on a goal, and only the server loop calls the Server.
 
 - The executor (single-threaded in ``main``; a MultiThreadedExecutor where clients share the session) runs every
-  ROS callback but the robots' own topics', which the topic pump's thread runs (``agents``). Goals, cancels and
-  topic requests (``goal_desk``), robots' reports and the watchdog (``robot_reports``, on the node's ROS clock)
-  are checked and time-stamped there and queued as commands in the
-  loop's *inbox*. It also drains the *outbox*: feedback is published, a goal whose generation started goes
-  EXECUTING, and an ended goal's execute callback runs once, setting the final state and returning the result (no
-  execute callback runs before: an ``async`` one per goal would cost O(goals) per executor wake-up). Status and
-  diagnostics (``status``) read the Server under its own lock.
+  ROS callback but the robots' own topics', which the topic pump's thread runs with an executor of its own
+  (``agents``, ``topic_pump``). Goals, cancels and topic requests (``goal_desk``), robots' reports and the
+  watchdog (``robot_reports``, on the node's ROS clock) are checked and time-stamped there and queued as commands
+  in the loop's *inbox*. It also drains the *outbox*: feedback is published; a goal whose generation started goes
+  EXECUTING, its execute callback a coroutine that awaits the goal's result (rclpy resumes each such pending task
+  on every executor wake-up, a cost per goal in flight: docs/node.md, "Public rclpy only"); an ended goal's result
+  resolves that wait, or, for a goal that never started, its execute callback runs once with the result. Either
+  sets the final state and returns the result. Status and diagnostics (``status``) read the Server under its own
+  lock.
 - The server loop (``server_loop``, one thread per configured server) applies the inbox between engine steps. The
   Server's callbacks run on it and queue segments and ends in the outbox, then trigger a guard condition that
   wakes the executor.
