@@ -141,7 +141,7 @@ def test_serve_without_a_params_file_runs_vllm_with_at_most_max_num_seqs_generat
     with running(command, venv_env(ros_domain)) as server:
         server.wait_for(lambda: READY_LINE in server.output(chars=0), "vLLM started", VLLM_START_TIMEOUT_S)
         server.wait_for(link.action.server_is_ready, "action server")
-        robots = [RobotClient(link, f"tello-{i}", "tello", SimulatedSkills(tello, time_scale=0.05)) for i in range(8)]
+        robots = [RobotClient(link, f"tello_{i}", "tello", SimulatedSkills(tello, time_scale=0.05)) for i in range(8)]
         try:
             outcomes = [robot.request(trace.prompt, None, trace.id) for robot, trace in zip(robots, traces,
                                                                                          strict=True)]

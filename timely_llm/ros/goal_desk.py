@@ -14,7 +14,7 @@ from action_msgs.msg import GoalInfo, GoalStatus
 from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
-from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from rclpy.task import Future
 
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.errors import RequestRejected
@@ -56,6 +56,7 @@ class GoalDesk:
         self.topics = TopicRequests(node, self._start_topic_request, self._cancel_topic_request, self.agents,
                                     self._group)
         self._action: ActionServer | None = None
+        self._running: dict[str, Future] = {}  # goals EXECUTING: each one's execute callback awaits its result
 
     def open(self, result_timeout: float) -> None:
         """The ``request_plan`` action and the ``task_requests`` topic."""
@@ -207,18 +208,21 @@ class GoalDesk:
             if isinstance(item, RequestPlan.Feedback):
                 goal_handle.publish_feedback(item)
             elif goal_handle.status == GoalStatus.STATUS_ACCEPTED:  # not CANCELING
-                # rclpy moves a goal to EXECUTING only in execute(), which runs its callback at once and would
-                # end the goal; its callback runs when the goal ends (see the node's thread model).
-                goal_handle._update_state(_rclpy.GoalEvent.EXECUTE)
+                self._running[request_id] = ended = Future()
+                goal_handle.execute(functools.partial(self._conclude_when_ended, ended))
             return
         goal_handle = self._ledger.to_conclude(request_id)
         if goal_handle is None:
             return
-        conclude = functools.partial(self._conclude_with, item)
-        if goal_handle.status == GoalStatus.STATUS_EXECUTING:
-            self._action.notify_execute(goal_handle, conclude)
-        else:
-            goal_handle.execute(conclude)
+        ended = self._running.pop(request_id, None)
+        if ended is not None:
+            ended.set_result(item)
+        else:  # it ended before its generation started (or while CANCELING): executed with its result at once
+            goal_handle.execute(functools.partial(self._conclude_with, item))
+
+    async def _conclude_when_ended(self, ended: Future, goal_handle) -> RequestPlan.Result:  # noqa: ANN001
+        """Execute callback of a goal whose generation started: rclpy runs it as a task until its result comes."""
+        return self._conclude_with(await ended, goal_handle)
 
     def _conclude_with(self, result: RequestPlan.Result, goal_handle) -> RequestPlan.Result:  # noqa: ANN001
         """Execute callback of an ended request: set the goal's final state and return its result."""
@@ -258,8 +262,8 @@ class OwnGoalsActionServer(ActionServer):
         try:
             self._handle.send_cancel_response(request_header, CancelGoal.Response(
                 return_code=CancelGoal.Response.ERROR_REJECTED))
-        except _rclpy.RCLError:
-            pass  # the client went away
+        except RuntimeError:  # rclpy's RCLError (a RuntimeError): the client went away
+            pass
 
 
 def cancel_scope_error(goal_info: GoalInfo) -> str | None:

@@ -199,7 +199,7 @@ class Swarm:
         if not handle.accepted:  # the node is not serving (its log says why): this robot stops asking
             times.ended, times.status = time.monotonic(), "rejected"
             return
-        handle.get_result_async().add_done_callback(
+        self.link.action.get_result_async(handle).add_done_callback(
             lambda f: self._ended(agent, times, _plan_status(f.result()), handle.goal_id.uuid.tobytes().hex()))
 
     def _on_feedback(self, agent: int, feedback) -> None:  # noqa: ANN001 - FeedbackMessage

@@ -12,13 +12,15 @@ needed.
 Thread model. No thread waits on a goal, and only the server loop calls the Server.
 
 - The executor (single-threaded in ``main``; a MultiThreadedExecutor where clients share the session) runs every
-  ROS callback but the robots' own topics', which the topic pump's thread runs (``agents``). Goals, cancels and
-  topic requests (``goal_desk``), robots' reports and the watchdog (``robot_reports``, on the node's ROS clock)
-  are checked and time-stamped there and queued as commands in the
-  loop's *inbox*. It also drains the *outbox*: feedback is published, a goal whose generation started goes
-  EXECUTING, and an ended goal's execute callback runs once, setting the final state and returning the result (no
-  execute callback runs before: an ``async`` one per goal would cost O(goals) per executor wake-up). Status and
-  diagnostics (``status``) read the Server under its own lock.
+  ROS callback but the robots' own topics', which the topic pump's thread runs with an executor of its own
+  (``agents``, ``topic_pump``). Goals, cancels and topic requests (``goal_desk``), robots' reports and the
+  watchdog (``robot_reports``, on the node's ROS clock) are checked and time-stamped there and queued as commands
+  in the loop's *inbox*. It also drains the *outbox*: feedback is published; a goal whose generation started goes
+  EXECUTING, its execute callback a coroutine that awaits the goal's result (rclpy resumes each such pending task
+  on every executor wake-up, a cost per goal in flight: docs/node.md, "Public rclpy only"); an ended goal's result
+  resolves that wait, or, for a goal that never started, its execute callback runs once with the result. Either
+  sets the final state and returns the result. Status and diagnostics (``status``) read the Server under its own
+  lock.
 - The server loop (``server_loop``, one thread per configured server) applies the inbox between engine steps. The
   Server's callbacks run on it and queue segments and ends in the outbox, then trigger a guard condition that
   wakes the executor.
@@ -173,7 +175,7 @@ class TimelyLlmNode(LifecycleNode):
     """The lifecycle and its parts: goal intake and delivery, robots' reports, status, live parameters."""
 
     def __init__(self, **node_kwargs: object) -> None:
-        super().__init__("timely_llm_server", **node_kwargs)
+        super().__init__("timely_llm_server", automatically_declare_parameters_from_overrides=True, **node_kwargs)
         self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
         self.clock = WallClock()
@@ -231,18 +233,20 @@ class TimelyLlmNode(LifecycleNode):
         """The node's parameters (defaults: ``parameter_defaults``), and each engine parameter given (params file,
         ``-p``, launch) under an engine's prefix (``ENGINE_PREFIXES``): a ``vllm.<field>`` may be any vLLM EngineArgs
         field, checked by vLLM at configure, so which ones exist is vLLM's to say; one of an engine the node does not
-        run fails configure. (rclpy keeps the overrides in ``_parameter_overrides``; its public alternative would
-        declare every override, not only these.)"""
+        run fails configure. rclpy declares every parameter given at construction (the public way to see them);
+        the node's own and the engines' are declared again here with their descriptors (and ranges)."""
         self.defaults = parameter_defaults()
-        for name, default in self.defaults.items():
+        given = self.get_parameters_by_prefix("")
+        engine_args = {name: p.value for name, p in given.items()
+                       if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults}
+        for name, default in (self.defaults | engine_args).items():
             description = PARAMETERS[name][1] if name in PARAMETERS else _engine_description(name)
+            if name in given:
+                self.undeclare_parameter(name)  # declared without a descriptor; its given value stays the override
             try:
                 self.declare_parameter(name, default, descriptor(name, description, dynamic=name not in PARAMETERS))
             except InvalidParameterValueException as exc:
                 raise NodeStartError(f"parameter {name}: {exc}") from exc
-        for name, parameter in self._parameter_overrides.items():
-            if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults:
-                self.declare_parameter(name, parameter.value, descriptor(name, _engine_description(name), dynamic=True))
 
     def _check_skill_models(self) -> None:
         """With no skill_models given, the installation must ship some: else no restart could help."""

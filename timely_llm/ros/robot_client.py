@@ -22,7 +22,6 @@ from typing import Any
 
 from rclpy.action import ActionClient
 from rclpy.action.client import ClientGoalHandle
-from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
 from rclpy.publisher import Publisher
@@ -38,6 +37,7 @@ from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.names import REQUEST_PLAN, agent_id_error, report_topic
 from timely_llm.ros.qos import DEEP_RELIABLE, action_client_qos
+from timely_llm.ros.rclpy_compat import PublisherEventCallbacks
 
 SegmentRunner = Callable[[SegmentMsg, str], SegmentResult]
 """Executes one segment of the task labelled ``label`` and says how it went."""
@@ -149,13 +149,15 @@ class PlanActionClient(ActionClient):
         with self._request_lock:
             return super().send_goal_async(*args, **kwargs)
 
-    def _cancel_goal_async(self, goal_handle: ClientGoalHandle) -> RclpyFuture:
+    def cancel_goal_async(self, goal_handle: ClientGoalHandle) -> RclpyFuture:
+        """``goal_handle.cancel_goal_async()`` under the lock: cancel through this, not the handle."""
         with self._request_lock:
-            return super()._cancel_goal_async(goal_handle)
+            return goal_handle.cancel_goal_async()
 
-    def _get_result_async(self, goal_handle: ClientGoalHandle) -> RclpyFuture:
+    def get_result_async(self, goal_handle: ClientGoalHandle) -> RclpyFuture:
+        """``goal_handle.get_result_async()`` under the lock: ask for a result through this, not the handle."""
         with self._request_lock:
-            return super()._get_result_async(goal_handle)
+            return goal_handle.get_result_async()
 
 
 def robot_publisher(node: Node, msg_type: type, topic: str) -> Publisher:
@@ -215,7 +217,7 @@ class RobotClient:
 
     def cancel(self, outcome: TaskOutcome) -> None:
         """Ask the server to cancel an accepted task; its result then says canceled."""
-        outcome.goal_handle.cancel_goal_async()
+        self.link.action.cancel_goal_async(outcome.goal_handle)
 
     def close(self) -> None:
         """Stop executing; a segment already running finishes unreported."""
@@ -230,7 +232,8 @@ class RobotClient:
             outcome.ended_at = time.monotonic()
             outcome.finished.set_result(outcome)
             return
-        goal_handle.get_result_async().add_done_callback(lambda f: self._on_result(outcome, f.result()))
+        self.link.action.get_result_async(goal_handle).add_done_callback(
+            lambda f: self._on_result(outcome, f.result()))
 
     def _on_result(self, outcome: TaskOutcome, response) -> None:  # noqa: ANN001 - GetResult response
         outcome.result = response.result
