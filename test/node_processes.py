@@ -46,7 +46,9 @@ TRACE_ID = 1  # a tello trace
 READY_LINE = "active: accepting goals"
 """What the node logs once it serves goals."""
 ROS_ENV_VARS = ("AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "RMW_IMPLEMENTATION",
-                "COLCON_PREFIX_PATH", "_ROS_WHEELS_BOOTSTRAP_COMPLETE")
+                "COLCON_PREFIX_PATH", "_ROS_WHEELS_BOOTSTRAP_COMPLETE", "LD_PRELOAD")
+"""Left out of a user's environment: what sourcing ROS sets, and the LD_PRELOAD (torch's libgomp) that an embedded
+vLLM engine of an earlier test puts in this process's environment."""
 
 
 def venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict[str, str]:

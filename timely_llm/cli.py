@@ -1279,10 +1279,11 @@ def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 
 def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gib: float | None = None,
-                 **options: tuple[str, object]):  # noqa: ANN202
+                 announce: str = "", **options: tuple[str, object]):  # noqa: ANN202
     """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
     ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
-    ``kv_cache_gib``: the shipped one unless given."""
+    ``kv_cache_gib``: the shipped one unless given. ``announce`` goes to stderr once the model and the arguments
+    passed the checks made before vLLM loads (so a refusal there stays one line)."""
     from timely_llm.engines.vllm_args import EngineArgsError, engine_args, shipped_parameters
     from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
 
@@ -1294,6 +1295,8 @@ def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gi
         arguments = engine_args(_checked_vllm_args(pairs), options, source="")
     except EngineArgsError as exc:
         raise ConfigError("--vllm-arg", None, str(exc)) from None
+    if announce:
+        print(announce, file=sys.stderr, flush=True)
     try:
         from timely_llm.engines.vllm_engine import VllmEngine
 
@@ -1363,10 +1366,9 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--task", None, "empty task")
     _quiet_vllm_logging()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    print(f"loading {args.model} on embedded vLLM (on a CPU it compiles for about half a minute first)",
-          file=sys.stderr, flush=True)
     with _stdout_to_stderr():  # anything else vLLM and its libraries print
-        engine = _vllm_engine(args.model, args.vllm_arg)
+        engine = _vllm_engine(args.model, args.vllm_arg, announce=f"loading {args.model} on embedded vLLM (on a "
+                                                                  "CPU it compiles for about half a minute first)")
         try:
             print("generating", file=sys.stderr, flush=True)
             plan = generate_plan(engine, skills[args.robot], args.task,
