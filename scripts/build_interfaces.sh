@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Build the ROS interfaces of the timely_llm package (msg/, action/) against ROS 2 Jazzy installed from PyPI
-# wheels, and install them into VENV, where `pip install -e .` puts the Python package: the venv's python then
-# imports timely_llm.msg and timely_llm.action with nothing sourced (libraries in VENV/lib, which the ROS wheels'
-# bootstrapper puts on the library path; Python modules named by site-packages/timely_llm.pkg, which
-# timely_llm/__init__.py reads through pkgutil.extend_path). Also installs colcon, for `colcon build`.
+# Build the ROS interfaces, the package timely_llm_interfaces (timely_llm_interfaces/: msg/, action/), against
+# ROS 2 Jazzy installed from PyPI wheels, and install it into VENV as a ROS installation would be: the venv's
+# python then imports timely_llm_interfaces.msg and timely_llm_interfaces.action with nothing sourced (Python
+# modules in the venv's site-packages; libraries in VENV/lib, which the ROS wheels' bootstrapper puts on the
+# library path). Also installs colcon, for `colcon build`.
 # Usage: scripts/build_interfaces.sh VENV BUILD_DIR   (BUILD_DIR holds the CMake build tree)
 # Idempotent: creates VENV if missing, installs what is missing, rebuilds incrementally.
 set -euo pipefail
@@ -87,25 +87,19 @@ patch_cmake_paths() {
 }
 
 build_and_install() {
-  local build_tree="$BUILD_DIR/timely_llm" generated="lib/timely_llm/generated" site_packages
-  site_packages="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  local build_tree="$BUILD_DIR/timely_llm_interfaces"
   export AMENT_PREFIX_PATH="$VENV"
   export PATH="$VENV/bin:$PATH"
-  # The generated package (an empty __init__.py beside msg/ and action/) stays off sys.path: there it would
-  # shadow the pip-installed timely_llm.
-  cmake -S "$REPO_ROOT" -B "$build_tree" \
+  cmake -S "$REPO_ROOT/timely_llm_interfaces" -B "$build_tree" \
     -DCMAKE_PREFIX_PATH="$VENV" \
     -DPython3_EXECUTABLE="$VENV/bin/python" \
     -DCMAKE_INSTALL_PREFIX="$VENV" \
-    -DPYTHON_INSTALL_DIR="$generated" \
-    -DTIMELY_LLM_INSTALL_PYTHON=OFF \
     -DBUILD_TESTING=OFF
   cmake --build "$build_tree" --parallel "$(nproc)"
   cmake --install "$build_tree"
-  echo "$VENV/$generated/timely_llm" > "$site_packages/timely_llm.pkg"
 }
 
 install_wheels
 patch_cmake_paths
 build_and_install
-echo "timely_llm interfaces installed in $VENV"
+echo "timely_llm_interfaces installed in $VENV"

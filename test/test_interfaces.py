@@ -1,4 +1,5 @@
-"""The generated ROS 2 interfaces import and travel between two rclpy nodes.
+"""The generated ROS 2 interfaces (package timely_llm_interfaces) keep interface v1's fields and constants, convert
+to and from Python values in one place (timely_llm/ros/messages.py), and travel between two rclpy nodes.
 
 Needs the interfaces that scripts/build_interfaces.sh installs into the venv
 (scripts/setup_env.sh runs it); without them the import fails rather than skipping.
@@ -6,6 +7,8 @@ Needs the interfaces that scripts/build_interfaces.sh installs into the venv
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -14,9 +17,13 @@ import pytest
 import rclpy
 import rclpy.context as rclpy_context
 import rclpy.executors as rclpy_executors
+from builtin_interfaces.msg import Duration as DurationMsg
+from builtin_interfaces.msg import Time as TimeMsg
 
+import timely_llm
 import timely_llm.ros.interfaces as interfaces_action
 import timely_llm.ros.interfaces as interfaces_msg
+from timely_llm.ros import messages
 
 pytestmark = pytest.mark.ros
 
@@ -33,43 +40,100 @@ def ros_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[rclpy.context.Conte
     rclpy.shutdown(context=context)
 
 
+DURATION, TIME = "builtin_interfaces/Duration", "builtin_interfaces/Time"
 AGREED_FIELDS = {
     interfaces_action.RequestPlan.Goal: {
-        "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": "double", "tuf_alpha": "double",
-        "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32", "no_execution_reports": "boolean"},
+        "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": DURATION, "tuf_alpha": "double",
+        "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32", "keep_if_infeasible": "boolean",
+        "overrun_strategy": "uint8", "no_execution_reports": "boolean"},
     interfaces_action.RequestPlan.Result: {
-        "status": "string", "reason": "string", "plan": "string", "response_time": "double",
-        "waiting_time": "double", "utility": "double", "num_segments": "uint32"},
-    interfaces_action.RequestPlan.Feedback: {"segment": "timely_llm/Segment"},
+        "status": "uint8", "reason": "string", "plan": "string", "response_time": DURATION,
+        "waiting_time": DURATION, "utility": "double", "num_segments": "uint32"},
+    interfaces_action.RequestPlan.Feedback: {"segment": "timely_llm_interfaces/Segment", "infeasible": "boolean"},
     interfaces_msg.Segment: {
         "request_id": "string", "agent_id": "string", "index": "uint32", "text": "string",
-        "skills": "sequence<timely_llm/SkillCall>", "estimated_exec_time": "double",
-        "gen_start": "builtin_interfaces/Time", "gen_end": "builtin_interfaces/Time",
-        "dispatch_time": "builtin_interfaces/Time", "final": "boolean", "waits_for": "string"},
+        "skills": "sequence<timely_llm_interfaces/SkillCall>", "estimated_exec_time": DURATION,
+        "gen_start": TIME, "gen_end": TIME, "dispatch_time": TIME, "final": "boolean", "waits_for": "string"},
     interfaces_msg.TaskRequest: {
-        "request_id": "string", "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": "double",
+        "request_id": "string", "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": DURATION,
         "tuf_alpha": "double", "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32",
-        "keep_if_infeasible": "boolean", "overrun_strategy": "string", "no_execution_reports": "boolean"},
+        "keep_if_infeasible": "boolean", "overrun_strategy": "uint8", "no_execution_reports": "boolean"},
     interfaces_msg.PlanResult: {
-        "request_id": "string", "agent_id": "string", "status": "string", "reason": "string", "plan": "string",
-        "response_time": "double", "waiting_time": "double", "utility": "double", "num_segments": "uint32"},
+        "request_id": "string", "agent_id": "string", "status": "uint8", "reason": "string", "plan": "string",
+        "response_time": DURATION, "waiting_time": DURATION, "utility": "double", "num_segments": "uint32"},
     interfaces_msg.SkillCall: {"name": "string", "args": "sequence<string>"},
     interfaces_msg.SegmentDone: {
-        "agent_id": "string", "request_id": "string", "index": "uint32", "duration": "double",
+        "stamp": TIME, "agent_id": "string", "request_id": "string", "index": "uint32", "duration": DURATION,
         "success": "boolean", "reason": "string", "result": "string"},
+    interfaces_msg.CategoryStatus: {"name": "string", "mean_utility": "double", "finished": "uint32"},
     interfaces_msg.ServerStatus: {
-        "stamp": "builtin_interfaces/Time", "queue_length": "uint32", "running": "uint32", "suspended": "uint32",
-        "waiting": "uint32", "finished": "uint32", "categories": "sequence<string>", "mean_utility": "sequence<double>",
-        "count": "sequence<uint32>", "policy": "string", "engine": "string"},
+        "stamp": TIME, "queue_length": "uint32", "running": "uint32", "suspended": "uint32", "executing": "uint32",
+        "waiting": "uint32", "finished": "uint32", "categories": "sequence<timely_llm_interfaces/CategoryStatus>",
+        "policy": "string", "engine": "string"},
 }
-"""What the node, the robot clients and the fleet read and write: a field renamed, retyped or dropped
-breaks them (fields may be added)."""
+"""Interface v1 (docs/interfaces.md): what the node, robots, the robot clients and the fleet read and write; a field
+renamed, retyped or dropped breaks them (fields may be added)."""
+
+AGREED_CONSTANTS = {
+    interfaces_action.RequestPlan.Result: {"STATUS_SUCCEEDED": 1, "STATUS_ABORTED": 2, "STATUS_CANCELED": 3},
+    interfaces_msg.PlanResult: {"STATUS_SUCCEEDED": 1, "STATUS_ABORTED": 2, "STATUS_CANCELED": 3},
+    interfaces_action.RequestPlan.Goal: {"OVERRUN_NONE": 0, "OVERRUN_KILL": 1, "OVERRUN_SKIP_NEXT": 2},
+    interfaces_msg.TaskRequest: {"OVERRUN_NONE": 0, "OVERRUN_KILL": 1, "OVERRUN_SKIP_NEXT": 2},
+}
 
 
 @pytest.mark.parametrize("interface", list(AGREED_FIELDS), ids=lambda c: c.__name__)
 def test_interfaces_keep_the_agreed_fields_and_types(interface: type) -> None:
     fields = interface.get_fields_and_field_types()
     assert {name: fields.get(name) for name in AGREED_FIELDS[interface]} == AGREED_FIELDS[interface]
+
+
+@pytest.mark.parametrize("interface", list(AGREED_CONSTANTS), ids=lambda c: c.__name__)
+def test_interfaces_keep_the_agreed_constants(interface: type) -> None:
+    assert {name: getattr(interface, name) for name in AGREED_CONSTANTS[interface]} == AGREED_CONSTANTS[interface]
+
+
+def test_the_interfaces_are_their_own_package() -> None:
+    """timely_llm_interfaces, installed apart from the node's Python package (scripts/build_interfaces.sh)."""
+    assert interfaces_msg.SegmentDone.__module__.startswith("timely_llm_interfaces.msg")
+    assert interfaces_action.RequestPlan.__module__.startswith("timely_llm_interfaces.action")
+    assert not hasattr(timely_llm, "msg") and importlib.util.find_spec("timely_llm.msg") is None
+
+
+@pytest.mark.parametrize("seconds", [0.0, 1e-9, 0.25, 3.0, 1234.5678, -1.0, -0.25])
+def test_durations_round_trip_with_nanoseconds_in_range(seconds: float) -> None:
+    msg = messages.duration_msg(seconds)
+    assert 0 <= msg.nanosec < messages.NANOS and messages.duration_seconds(msg) == pytest.approx(seconds, abs=1e-9)
+
+
+def test_out_of_range_fields_and_unknown_constants_say_which_in_one_line() -> None:
+    for call, text in ((lambda: messages.duration_seconds(DurationMsg(sec=1, nanosec=10**9), "tuf_ert"),
+                        "tuf_ert nanosec 1000000000 is not below 1e9"),
+                       (lambda: messages.stamp_seconds(TimeMsg(sec=1, nanosec=2 * 10**9)), "stamp nanosec"),
+                       (lambda: messages.overrun_name(3), "unknown overrun_strategy 3 (known: 0 none, 1 kill, "
+                                                          "2 skip-next)"),
+                       (lambda: messages.overrun_code("retry"), "unknown overrun strategy 'retry'")):
+        with pytest.raises(messages.FieldError) as refused:
+            call()
+        assert text in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_status_and_overrun_constants_map_to_the_servers_words_and_back() -> None:
+    result = interfaces_action.RequestPlan.Result
+    assert [messages.status_name(c) for c in (result.STATUS_SUCCEEDED, result.STATUS_ABORTED,
+                                               result.STATUS_CANCELED, 0)] == [
+        "succeeded", "aborted", "canceled", "status 0"]
+    assert [messages.overrun_name(messages.overrun_code(s)) for s in ("", "none", "kill", "skip-next")] == [
+        "none", "none", "kill", "skip-next"]
+
+
+def test_a_result_without_times_says_so_with_negative_durations() -> None:
+    aborted = messages.aborted_result("no")
+    assert aborted.status == interfaces_action.RequestPlan.Result.STATUS_ABORTED and math.isnan(aborted.utility)
+    assert (aborted.response_time.sec, aborted.response_time.nanosec) == (-1, 0)
+    assert messages.optional_seconds(aborted.response_time) is None
+    assert messages.optional_seconds(messages.optional_duration(0.5)) == 0.5
+    assert messages.stamp_seconds(TimeMsg()) is None and messages.stamp_seconds(TimeMsg(sec=2, nanosec=5)) == 2 + 5e-9
 
 
 def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.Context) -> None:
@@ -82,8 +146,8 @@ def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.C
     executor.add_node(sender)
     executor.add_node(receiver)
     sent = interfaces_msg.SegmentDone(
-        agent_id="tello-1", request_id="r1", index=2, duration=3.25, success=False,
-        reason="out of range")
+        stamp=TimeMsg(sec=1700000000, nanosec=5), agent_id="tello_1", request_id="r1", index=2,
+        duration=messages.duration_msg(3.25), success=False, reason="out of range")
 
     deadline = time.monotonic() + RECEIVE_TIMEOUT_S
     while not received and time.monotonic() < deadline:

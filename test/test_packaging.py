@@ -2,7 +2,11 @@
 
 - ``timely-llm serve`` from an activated venv with nothing sourced: ROS arguments anywhere, ``-p`` beating the
   parameters file, a clear refusal when no robot type is known.
-- A fresh colcon workspace (this checkout in ``src/``, plain ``colcon build``, ``source install/setup.bash``):
+- A workspace holding only the interfaces (``timely_llm_interfaces/``, what a robot builds) beside a C++ robot
+  package using them: plain ``colcon build`` gives the C++ headers the robot compiles against and the Python
+  modules.
+- A fresh colcon workspace (this checkout in ``src/timely_llm``, its ``timely_llm_interfaces/`` linked beside it
+  as docs/packaging.md says, plain ``colcon build``, ``source install/setup.bash``):
   the command line launch_ros builds against the installed executable, and the launch file itself, run the way
   ``ros2 launch`` runs it (the ROS installation's ``launch``/``launch_ros`` where the tests run in one, else the
   Jazzy sources in ../shared/ros2-launch), each serve a goal;
@@ -166,17 +170,23 @@ def launch_packages(tmp_path_factory: pytest.TempPathFactory) -> LaunchPackages:
     return LaunchPackages(str(shared), (underlay,), {})
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This checkout's files (as a commit of the working tree would hold them) in ws/src, built by a plain
-    `colcon build` over the venv's ROS."""
-    ws = tmp_path_factory.mktemp("ws")
+def _copy_checkout(destination: Path) -> None:
+    """This checkout's files as a commit of the working tree would hold them."""
     files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, files):
         if (REPO / name).is_file():
-            (ws / "src" / "timely_llm" / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, ws / "src" / "timely_llm" / name)
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkout in ws/src/timely_llm and its interfaces package linked beside it (colcon's crawl does not
+    look inside a package), built by a plain `colcon build` over the venv's ROS."""
+    ws = tmp_path_factory.mktemp("ws")
+    _copy_checkout(ws / "src" / "timely_llm")
+    (ws / "src" / "timely_llm_interfaces").symlink_to("timely_llm/timely_llm_interfaces")
     _run_sourced(ws, [], "colcon build")
     return Workspace(ws)
 
@@ -202,14 +212,83 @@ class Workspace:
 
 
 def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
-    script = ("import timely_llm.msg, timely_llm.cli as cli; from timely_llm.core.skills import skill_model_dir; "
-              "print(cli.__file__, skill_model_dir())")
+    script = ("import timely_llm_interfaces.msg as msg, timely_llm.cli as cli; from timely_llm.core.skills import "
+              "skill_model_dir; print(cli.__file__, skill_model_dir(), msg.__file__)")
     out = subprocess.run(workspace.sourced(f"python -c '{script}'"), cwd=workspace.root, env=venv_env(0, None),
                          capture_output=True, text=True, timeout=START_TIMEOUT_S)
     assert out.returncode == 0, out.stderr
-    install = workspace.root / "install" / "timely_llm"
-    assert out.stdout.split() == [f"{install}/lib/python3.11/site-packages/timely_llm/cli.py",
-                                  f"{install}/share/timely_llm/skill_models"]
+    install = workspace.root / "install"
+    assert out.stdout.split() == [
+        f"{install}/timely_llm/lib/python3.11/site-packages/timely_llm/cli.py",
+        f"{install}/timely_llm/share/timely_llm/skill_models",
+        f"{install}/timely_llm_interfaces/lib/python3.11/site-packages/timely_llm_interfaces/msg/__init__.py"]
+
+
+CPP_ROBOT_PACKAGE = """<?xml version="1.0"?>
+<package format="3">
+  <name>cpp_robot</name>
+  <version>0.0.1</version>
+  <description>A C++ robot that reports to timely_llm</description>
+  <maintainer email="robot@example.invalid">robot</maintainer>
+  <license>Apache-2.0</license>
+  <buildtool_depend>ament_cmake</buildtool_depend>
+  <depend>timely_llm_interfaces</depend>
+  <export><build_type>ament_cmake</build_type></export>
+</package>
+"""
+CPP_ROBOT_CMAKE = """cmake_minimum_required(VERSION 3.8)
+project(cpp_robot)
+find_package(ament_cmake REQUIRED)
+find_package(timely_llm_interfaces REQUIRED)
+add_executable(report main.cpp)
+target_link_libraries(report ${timely_llm_interfaces_TARGETS})
+install(TARGETS report DESTINATION lib/${PROJECT_NAME})
+ament_package()
+"""
+CPP_ROBOT_MAIN = """#include <iostream>
+#include "timely_llm_interfaces/action/request_plan.hpp"
+#include "timely_llm_interfaces/msg/segment_done.hpp"
+#include "timely_llm_interfaces/msg/server_status.hpp"
+
+int main() {
+  timely_llm_interfaces::msg::SegmentDone done;
+  done.agent_id = "cpp_robot";
+  done.duration.sec = 2;
+  done.duration.nanosec = 500000000;
+  timely_llm_interfaces::action::RequestPlan::Goal goal;
+  goal.overrun_strategy = timely_llm_interfaces::action::RequestPlan::Goal::OVERRUN_SKIP_NEXT;
+  timely_llm_interfaces::msg::ServerStatus status;
+  status.categories.resize(1);
+  std::cout << done.agent_id << " " << done.duration.sec << " " << int(goal.overrun_strategy) << " "
+            << int(timely_llm_interfaces::action::RequestPlan::Result::STATUS_CANCELED) << " "
+            << status.categories.size() << std::endl;
+  return 0;
+}
+"""
+
+
+def test_a_workspace_of_the_interfaces_alone_builds_for_a_cpp_robot_and_python(tmp_path: Path) -> None:
+    """What a robot team builds: timely_llm_interfaces alone (no node, none of its Python dependencies), with plain
+    `colcon build`, beside their own C++ package that includes its headers; Python imports it from the install."""
+    shutil.copytree(REPO / "timely_llm_interfaces", tmp_path / "src" / "timely_llm_interfaces")
+    robot = tmp_path / "src" / "cpp_robot"
+    robot.mkdir()
+    for name, text in (("package.xml", CPP_ROBOT_PACKAGE), ("CMakeLists.txt", CPP_ROBOT_CMAKE),
+                       ("main.cpp", CPP_ROBOT_MAIN)):
+        (robot / name).write_text(text)
+    _run_sourced(tmp_path, [], "colcon build")
+    install = tmp_path / "install" / "timely_llm_interfaces"
+    assert list(install.glob("include/**/timely_llm_interfaces/msg/segment_done.hpp")), "no C++ header"
+    ran = subprocess.run(_sourced([tmp_path], f"{tmp_path}/install/cpp_robot/lib/cpp_robot/report"),
+                         cwd=tmp_path, env=venv_env(0, None), capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert ran.returncode == 0 and ran.stdout.split() == ["cpp_robot", "2", "2", "3", "1"], ran.stdout + ran.stderr
+    script = ("import timely_llm_interfaces.msg as msg; from timely_llm_interfaces.action import RequestPlan; "
+              "print(msg.__file__, RequestPlan.Result.STATUS_SUCCEEDED, msg.SegmentDone(index=4).index)")
+    out = subprocess.run(_sourced([tmp_path], f"python -c '{script}'"), cwd=tmp_path, env=venv_env(0, None),
+                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        f"{install}/lib/python3.11/site-packages/timely_llm_interfaces/msg/__init__.py", "1", "4"]
 
 
 def test_launch_ros_command_line_serves_a_goal(workspace: Workspace, ros_domain: int, link: PlanLink) -> None:

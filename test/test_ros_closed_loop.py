@@ -125,7 +125,7 @@ def check_refused_without_reports(link: object, topic_link: TopicPlanLink, robot
                                   trace_id: int) -> None:
     assert not send_without_reports(link, "mute_action", robot_type, task, trace_id).accepted
     refused = topic_without_reports(topic_link, "mute_topic", robot_type, task, trace_id)
-    assert refused.status == "aborted" and "has blocking skills" in refused.reason, refused.reason
+    assert refused.status == PlanResult.STATUS_ABORTED and "has blocking skills" in refused.reason, refused.reason
 
 
 @pytest.fixture

@@ -132,7 +132,7 @@ def test_load_bench_says_which_answer_a_goal_never_got() -> None:
     assert _plan_status(response) == "result expired"
     response.status = GoalStatus.STATUS_ABORTED
     assert _plan_status(response) == f"no plan status (ROS status {GoalStatus.STATUS_ABORTED})"
-    response.status, response.result.status = GoalStatus.STATUS_SUCCEEDED, "succeeded"
+    response.status, response.result.status = GoalStatus.STATUS_SUCCEEDED, RequestPlan.Result.STATUS_SUCCEEDED
     assert _plan_status(response) == "succeeded"
 
 

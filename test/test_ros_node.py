@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from builtin_interfaces.msg import Duration as DurationMsg
 from guards import wait_until
 
 from timely_llm.core.estimator import ExecutionTimeEstimator
@@ -27,6 +28,7 @@ from timely_llm.ros.fleet import cut, fleet_result, run_fleet, server_node
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, ServerStatus
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
 from timely_llm.ros.node import NodeStartError
 from timely_llm.ros.robot_client import (
     PlanLink,
@@ -61,10 +63,12 @@ RULES = GoalRules(SKILLS, CATALOG, SimTokenizer().encode, 1536,
 @pytest.mark.parametrize(("change", "reason"), [
     ({"task": "  "}, "empty task"),
     ({"robot_type": "submarine"}, "unknown robot type"),
-    ({"tuf_ert": math.nan}, "finite"),
+    ({"tuf_ert": (1, 10**9)}, "tuf_ert nanosec 1000000000 is not below 1e9"),
     ({"tuf_alpha": 0.5}, "alpha"),
     ({"tuf_beta": -1.0}, "beta"),
     ({"tuf_ert": -1.0}, "ert"),
+    ({"tuf_ert": (-1, 999_999_999)}, "ert"),
+    ({"overrun_strategy": 3}, r"unknown overrun_strategy 3 \(known: 0 none, 1 kill, 2 skip-next\)"),
     ({"trace_id": 0}, "trace_id"),
     ({"trace_id": 9}, "robot 'arm'"),
     ({"agent_id": ""}, "empty agent id"),
@@ -73,14 +77,18 @@ RULES = GoalRules(SKILLS, CATALOG, SimTokenizer().encode, 1536,
     ({"tuf_ert": 3601.0}, "ert"),
     ({"tuf_alpha": -1.5e6}, "alpha"),
     ({"tuf_beta": 1.5e6}, "beta"),
-    ({"tuf_ert": 1e308, "tuf_alpha": -1e308, "tuf_beta": 1e308}, "exceeds"),
+    ({"tuf_ert": (2**31 - 1, 999_999_999), "tuf_alpha": -1e308, "tuf_beta": 1e308}, "exceeds"),
     ({"tuf_alpha": -math.inf}, "finite"),
 ])
 def test_malformed_goals_are_refused_with_a_reason(change: dict, reason: str) -> None:
+    """tuf_ert given as seconds, or as (sec, nanosec) for a Duration no number of seconds gives."""
     fields = {"agent_id": "d1", "robot_type": "tello", "task": "find the cat", "trace_id": 1,
               "tuf_ert": 1.0, "tuf_alpha": -2.0, "tuf_beta": 1.0} | change
-    with pytest.raises(RequestRejected, match=reason):
+    ert = fields["tuf_ert"]
+    fields["tuf_ert"] = DurationMsg(sec=ert[0], nanosec=ert[1]) if isinstance(ert, tuple) else duration_msg(ert)
+    with pytest.raises(RequestRejected, match=reason) as refused:
         plan_from_goal(Goal(**fields), "r1", RULES)
+    assert "\n" not in str(refused.value)
 
 
 def test_oversized_prompt_is_refused_and_zero_tuf_takes_the_default() -> None:
@@ -110,7 +118,12 @@ def test_segments_arrive_in_order_as_feedback_before_the_result(session: tuple, 
     assert outcome.result.num_segments >= 2 and outcome.result_after_segments
     assert outcome.segments[-1].final
     assert "".join(s.text for s in outcome.segments) == outcome.result.plan == CATALOG[2].plan
-    assert 0 <= outcome.result.response_time and 0 < outcome.result.utility <= 1.0
+    assert 0 <= duration_seconds(outcome.result.response_time) and 0 < outcome.result.utility <= 1.0
+    gen_ends = [stamp_seconds(s.gen_end) for s in outcome.segments]
+    dispatches = [stamp_seconds(s.dispatch_time) for s in outcome.segments]
+    # dispatch_time: when the node sent it, after its generation ended; later segments later
+    assert all(d >= g for d, g in zip(dispatches, gen_ends, strict=True)), (gen_ends, dispatches)
+    assert dispatches == sorted(dispatches) and dispatches[-1] > dispatches[0]
 
 
 def test_timebill_feature_takes_its_estimator_from_the_hw_profile(session: tuple, robots: Callable) -> None:
@@ -247,14 +260,14 @@ def test_status_reports_queue_counts_and_per_category_utility(session: tuple, li
     assert {(m.policy, m.engine) for m in statuses} == {("timelyllm", "sim")}
     for m in statuses:
         assert m.suspended <= m.queue_length and m.queue_length + m.running + m.finished <= len(traces)
-        assert sum(m.count) == m.finished and len(m.categories) == len(m.mean_utility) == len(m.count)
+        assert sum(c.finished for c in m.categories) == m.finished
     assert [m.finished for m in statuses] == sorted(m.finished for m in statuses)
     assert any(m.running for m in statuses)
     last = statuses[-1]
     assert last.finished == len(traces) and last.queue_length == last.running == 0
     utilities = {CATALOG[t].category: r.result.utility for t, r in zip(traces, results, strict=True)}
-    assert list(last.categories) == sorted(utilities) and list(last.count) == [1, 1, 1]
-    assert list(last.mean_utility) == pytest.approx([utilities[c] for c in last.categories])
+    assert [(c.name, c.finished) for c in last.categories] == [(c, 1) for c in sorted(utilities)]
+    assert [c.mean_utility for c in last.categories] == pytest.approx([utilities[c.name] for c in last.categories])
 
 
 def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Callable,

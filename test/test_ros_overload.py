@@ -36,13 +36,15 @@ RULES = GoalRules(load_skill_models(), CATALOG, SimTokenizer().encode, 1536,
 
 def test_goal_fields_reach_the_plan_request_and_a_bad_strategy_is_refused() -> None:
     goal = RequestPlan.Goal(agent_id="d1", robot_type="tello", task="t", trace_id=6, keep_if_infeasible=True,
-                            overrun_strategy="skip-next")
+                            overrun_strategy=RequestPlan.Goal.OVERRUN_SKIP_NEXT)
     plan = plan_from_goal(goal, "r1", RULES)
     assert plan.keep_if_infeasible and plan.overrun == "skip-next"
+    goal.overrun_strategy = RequestPlan.Goal.OVERRUN_KILL
+    assert plan_from_goal(goal, "r2", RULES).overrun == "kill"
     assert plan_from_goal(RequestPlan.Goal(agent_id="d1", robot_type="tello", task="t", trace_id=6),
                           "r2", RULES).overrun == "none"
-    goal.overrun_strategy = "retry"
-    with pytest.raises(RequestRejected, match="unknown overrun_strategy 'retry'"):
+    goal.overrun_strategy = 255
+    with pytest.raises(RequestRejected, match="unknown overrun_strategy 255"):
         plan_from_goal(goal, "r3", RULES)
 
 

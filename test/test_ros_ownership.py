@@ -15,6 +15,7 @@ from action_msgs.srv import CancelGoal
 from builtin_interfaces.msg import Time as TimeMsg
 from guards import wait_until
 from rclpy.node import Node, NodeNameNonExistentError
+from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock
 from std_msgs.msg import String
 
@@ -24,6 +25,7 @@ from timely_llm.ros import agents, throttle
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import PlanResult, SegmentDone, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
 from timely_llm.ros.names import agent_topics, report_topic
 from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
@@ -50,7 +52,7 @@ def report_all(robot: RobotClient, outcome: TaskOutcome) -> None:
     wait_until(robot.done_pub.get_subscription_count, RESULT_TIMEOUT_S, "the node reading the robot's reports")
     for segment in outcome.segments:
         robot.done_pub.publish(SegmentDone(agent_id=robot.agent_id, request_id=segment.request_id,
-                                           index=segment.index, duration=0.001, success=True))
+                                           index=segment.index, duration=duration_msg(0.001), success=True))
 
 
 def answer(future: object, what: str) -> object:
@@ -154,9 +156,9 @@ def test_failure_reports_for_a_victim_on_every_topic_but_its_own_change_nothing(
         for name, types in _server_subscriptions(other_node):
             if name == own:
                 continue
-            if "timely_llm/msg/SegmentDone" in types:
-                message, kind = SegmentDone(agent_id="victim", request_id=request_id, index=0, duration=0.001,
-                                            success=False, reason="spoofed"), SegmentDone
+            if "timely_llm_interfaces/msg/SegmentDone" in types:
+                message, kind = SegmentDone(agent_id="victim", request_id=request_id, index=0,
+                                            duration=duration_msg(0.001), success=False, reason="spoofed"), SegmentDone
             elif "std_msgs/msg/String" in types:
                 message, kind = String(data=request_id), String
             else:
@@ -269,27 +271,48 @@ class FastClock:
 
 
 def test_with_a_5x_fast_clock_a_robot_reporting_in_sim_time_completes_its_plans(
-        session: tuple, robots: Callable, other_node: Node) -> None:
+        session: tuple, other_node: Node) -> None:
+    """The robots' node on sim time too: their reports' stamps and durations are the simulation's."""
+    context, executor = session
     clock = FastClock(other_node, rate=5.0)
+    robot_node = Node("sim_robots", context=context, parameter_overrides=[Parameter("use_sim_time", value=True)])
+    executor.add_node(robot_node)
+    link = PlanLink(robot_node)
+    stamps: list[float] = []
 
     def in_sim_time(segment: SegmentMsg, label: str) -> SegmentResult:
         """Executes a segment for its estimated time on the simulation's clock; reports that duration."""
         start = clock.now()
-        while clock.now() < start + segment.estimated_exec_time:
+        while clock.now() < start + duration_seconds(segment.estimated_exec_time):
             time.sleep(0.005)
         return SegmentResult(True, "", clock.now() - start)
 
+    robots = []
     try:
         with server_node(session[1], session[0], use_sim_time=True, segment_timeout_margin=25.0) as node:
-            wait_until(lambda: node.get_clock().now().nanoseconds > 1e12, RESULT_TIMEOUT_S, "the node on sim time")
-            outcomes = [ask(robots(f"sim{i}", runner=in_sim_time), trace) for i, trace in enumerate((2, 8))]
+            for on_sim_time in (node, robot_node):
+                wait_until(lambda n=on_sim_time: n.get_clock().now().nanoseconds > 1e12, RESULT_TIMEOUT_S,
+                           "sim time")
+            for i in range(2):
+                robots.append(RobotClient(link, f"sim{i}", "tello", in_sim_time))
+                other_node.create_subscription(SegmentDone, report_topic(f"sim{i}"),
+                                               lambda m: stamps.append(stamp_seconds(m.stamp)), DEEP_RELIABLE)
+                wait_until(robots[-1].done_pub.get_subscription_count, RESULT_TIMEOUT_S, "the tap on its reports")
+            outcomes = [ask(robot, trace) for robot, trace in zip(robots, (2, 8), strict=True)]
             ended = [o.wait(RESULT_TIMEOUT_S) for o in outcomes]
     finally:
         clock.stop()
+        for robot in robots:
+            robot.close()
+        executor.remove_node(robot_node)
+        robot_node.destroy_node()
     assert [o.status for o in ended] == ["succeeded"] * 2, [o.result.reason for o in ended]
     # a segment of over 2 sim s took under 0.5 s of the wall: measured on the wall clock, its report (over the
     # wall time since its dispatch plus 1 s of slack) would have been refused
-    assert max(s.estimated_exec_time for o in ended for s in o.segments) > 2.0
+    assert max(duration_seconds(s.estimated_exec_time) for o in ended for s in o.segments) > 2.0
+    # the reports were stamped on the simulation's clock (1000 s on), not the wall's, and none fell back
+    wait_until(lambda: len(stamps) == sum(len(o.segments) for o in ended), RESULT_TIMEOUT_S, "every report tapped")
+    assert all(stamp is not None and 1000.0 < stamp < clock.now() for stamp in stamps), stamps
 
 
 # ----- throttled logs -----

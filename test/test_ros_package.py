@@ -4,7 +4,6 @@ reason, goals that need no execution reports, namespaced fleets, /diagnostics an
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.diagnostics import Snapshot, level_of
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
+from timely_llm.ros.messages import duration_seconds
 from timely_llm.ros.names import report_topic
 from timely_llm.ros.node import NODE_EXECUTOR_THREADS, NodeStartError, TimelyLlmNode, spinning
 from timely_llm.ros.parameters import when_applied
@@ -290,7 +290,7 @@ def test_a_lowered_timeout_applies_to_the_next_goal(session: tuple, robots: Call
 # ----- goals without execution reports -----
 
 def test_a_goal_without_execution_reports_succeeds_with_its_plan(session: tuple, link: PlanLink) -> None:
-    """The goal `ros2 action send_goal /request_plan timely_llm/action/RequestPlan "{...}" --feedback` sends:
+    """The goal `ros2 action send_goal /request_plan timely_llm_interfaces/action/RequestPlan "{...}" --feedback` sends:
     a plain action client, no SegmentDone ever published."""
     reports: list[SegmentDone] = []
     link.node.create_subscription(SegmentDone, report_topic("cli"), reports.append, DEEP_RELIABLE)
@@ -305,9 +305,9 @@ def test_a_goal_without_execution_reports_succeeds_with_its_plan(session: tuple,
         assert handle.accepted
         result = answered(handle.get_result_async(), TIMEOUT_S, "result").result
     client.destroy()
-    assert result.status == "succeeded", result.reason
+    assert result.status == RequestPlan.Result.STATUS_SUCCEEDED, result.reason
     assert result.plan == CATALOG[TELLO_TRACE].plan and result.num_segments == len(feedback) > 1
-    assert math.isfinite(result.response_time) and not reports
+    assert 0 <= duration_seconds(result.response_time) < TIMEOUT_S and not reports
 
 
 # ----- namespaces -----
@@ -374,8 +374,11 @@ def test_diagnostic_levels_say_why(change: dict, level: bytes, says: str) -> Non
 
 
 def test_segment_times_follow_ros_time(session: tuple, link: PlanLink) -> None:
-    """use_sim_time: segment and status stamps come from /clock, not the wall clock."""
+    """use_sim_time: segment and status stamps come from /clock, not the wall clock; so do the reports' stamps of
+    a robot on sim time too, which the node takes."""
     clock_pub = link.node.create_publisher(Clock, "/clock", 10)
+    robot_node = Node("sim_robot", context=session[0], parameter_overrides=[Parameter("use_sim_time", value=True)])
+    session[1].add_node(robot_node)
     sim_now = 1_000_000.0
     stop = threading.Event()
 
@@ -387,8 +390,11 @@ def test_segment_times_follow_ros_time(session: tuple, link: PlanLink) -> None:
     ticker.start()
     try:
         with server_node(session[1], session[0], use_sim_time=True) as node:
-            wait_until(lambda: node.get_clock().now().nanoseconds >= sim_now * 1e9, TIMEOUT_S, "sim time")
-            robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+            for on_sim_time in (node, robot_node):
+                wait_until(lambda n=on_sim_time: n.get_clock().now().nanoseconds >= sim_now * 1e9, TIMEOUT_S,
+                           "sim time")
+            robot = RobotClient(PlanLink(robot_node), "tello_1", "tello",
+                                SimulatedSkills(SKILLS["tello"], time_scale=0.1))
             try:
                 outcome = robot.request(CATALOG[TELLO_TRACE].prompt, None, TELLO_TRACE).wait(TIMEOUT_S)
             finally:
@@ -396,6 +402,8 @@ def test_segment_times_follow_ros_time(session: tuple, link: PlanLink) -> None:
     finally:
         stop.set()
         ticker.join()
+        session[1].remove_node(robot_node)
+        robot_node.destroy_node()
     assert outcome.status == "succeeded"
     for segment in outcome.segments:
         for stamp in (segment.gen_start, segment.gen_end, segment.dispatch_time):

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from builtin_interfaces.msg import Duration as DurationMsg
+from builtin_interfaces.msg import Time as TimeMsg
 from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.publisher import Publisher
@@ -20,6 +22,7 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.ros import throttle
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import SegmentDone, ServerStatus
+from timely_llm.ros.messages import duration_msg, duration_seconds
 from timely_llm.ros.names import report_topic
 from timely_llm.ros.qos import DEEP_RELIABLE
 from timely_llm.ros.robot_client import PlanLink, RobotClient, TaskOutcome
@@ -46,33 +49,37 @@ Report = Callable[..., None]
 
 @pytest.fixture
 def report(link: PlanLink) -> Iterator[Report]:
-    """``report(agent, outcome, index, duration, success, reason, on=topic's agent)``: a SegmentDone for the
-    outcome's request naming ``agent``, published on ``<on>/segment_done`` (default: the agent's own) once the
-    node reads it."""
+    """``report(agent, outcome, index, duration, success, reason, on=topic's agent, stamp=...)``: a SegmentDone for
+    the outcome's request naming ``agent``, published on ``<on>/segment_done`` (default: the agent's own) once the
+    node reads it. ``duration``: seconds, or a (sec, nanosec) pair; ``stamp``: seconds of ROS time, or none (the
+    zero stamp)."""
     publishers: dict[str, Publisher] = {}
 
-    def send(agent: str, outcome: TaskOutcome, index: int, duration: float = 0.001, success: bool = True,
-             reason: str = "", on: str = "") -> None:
+    def send(agent: str, outcome: TaskOutcome, index: int, duration: float | tuple[int, int] = 0.001,
+             success: bool = True, reason: str = "", on: str = "", stamp: float | None = None) -> None:
         topic = report_topic(on or agent)
         if topic not in publishers:
             publishers[topic] = link.node.create_publisher(SegmentDone, topic, DEEP_RELIABLE)
         wait_until(publishers[topic].get_subscription_count, RESULT_TIMEOUT_S, f"the node reading {topic}")
-        publishers[topic].publish(SegmentDone(agent_id=agent, request_id=outcome.segments[0].request_id,
-                                              index=index, duration=duration, success=success, reason=reason))
+        publishers[topic].publish(SegmentDone(
+            stamp=TimeMsg() if stamp is None else TimeMsg(sec=int(stamp), nanosec=int(stamp % 1 * 1e9)),
+            agent_id=agent, request_id=outcome.segments[0].request_id, index=index,
+            duration=DurationMsg(sec=duration[0], nanosec=duration[1]) if isinstance(duration, tuple)
+            else duration_msg(duration), success=success, reason=reason))
 
     yield send
     for publisher in publishers.values():
         link.node.destroy_publisher(publisher)
 
 
-BAD_REPORTS = [  # (agent, index, duration, success, what the node logs), on the victim's topic
-    ("victim", 0, math.nan, True, "not a finite"),
-    ("victim", 0, math.inf, True, "not a finite"),
-    ("victim", 0, -1.0, True, "not a finite, non-negative"),
-    ("victim", 0, 1e308, True, "since its dispatch"),
-    ("victim", 0, 1e308, True, "since its dispatch"),
-    ("victim", 99, 0.001, True, "segment 99 was not dispatched"),
-    ("intruder", 0, 0.001, False, "it names agent 'intruder'"),
+BAD_REPORTS = [  # (agent, index, duration, stamp, success, what the node logs), on the victim's topic
+    ("victim", 0, (1, 1_000_000_000), None, True, "duration nanosec 1000000000 is not below 1e9"),
+    ("victim", 0, -1.0, None, True, "duration -1 s is negative"),
+    ("victim", 0, (2**31 - 1, 0), None, True, "since its dispatch"),
+    ("victim", 0, 0.001, time.time() + 3600.0, True, "ahead of the node's clock"),
+    ("victim", 0, 0.001, 1.5, True, "starts before its dispatch"),
+    ("victim", 99, 0.001, None, True, "segment 99 was not dispatched"),
+    ("intruder", 0, 0.001, None, False, "it names agent 'intruder'"),
 ]
 
 
@@ -84,9 +91,9 @@ def test_malformed_and_foreign_reports_are_refused_and_change_nothing(
         victim = ask(robots("victim", report=False), 2)
         bystander = ask(robots("bystander"), 7)
         whole_plan(victim)
-        for agent, index, duration, success, _ in BAD_REPORTS:
-            report(agent, victim, index, duration, success, "sabotage", on="victim")
-        report("victim", victim, 0)
+        for agent, index, duration, stamp, success, _ in BAD_REPORTS:
+            report(agent, victim, index, duration, success, "sabotage", on="victim", stamp=stamp)
+        report("victim", victim, 0, stamp=time.time())  # a stamped report, on a wall-time node's clock
         report("victim", victim, 0)  # duplicate
         wait_until(lambda: "segment 0 was already reported" in server_log(), RESULT_TIMEOUT_S, "the duplicate refused")
         assert not victim.finished.done()  # still waiting for its other segments: nothing was aborted
@@ -94,11 +101,12 @@ def test_malformed_and_foreign_reports_are_refused_and_change_nothing(
             report("victim", victim, index)
         victim.wait(RESULT_TIMEOUT_S)
         assert bystander.wait(RESULT_TIMEOUT_S).status == "succeeded"
-    for _, _, _, _, reason in BAD_REPORTS:
+    for *_, reason in BAD_REPORTS:
         assert reason in server_log(), reason
     assert victim.status == "succeeded", victim.result.reason
     assert victim.result.num_segments == len(victim.segments)
-    assert 0 <= victim.result.response_time < RESULT_TIMEOUT_S and math.isfinite(victim.result.waiting_time)
+    assert 0 <= duration_seconds(victim.result.response_time) < RESULT_TIMEOUT_S
+    assert 0 <= duration_seconds(victim.result.waiting_time) < RESULT_TIMEOUT_S
     assert math.isfinite(victim.result.utility) and victim.result.utility <= 1.0  # the default TUF's beta at most
 
 

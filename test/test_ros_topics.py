@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import pytest
+from builtin_interfaces.msg import Duration as DurationMsg
 from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
@@ -17,6 +18,7 @@ from timely_llm.ros import agents as agent_endpoints
 from timely_llm.ros.fleet import cut, run_fleet, server_node
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.messages import duration_seconds, optional_seconds
 from timely_llm.ros.names import agent_id_error, agent_topics
 from timely_llm.ros.node import TimelyLlmNode
 from timely_llm.ros.qos import AGENT_QOS
@@ -87,14 +89,14 @@ def test_each_robot_gets_only_its_own_segments_and_its_plan_succeeds(
         assert outcome.result.plan == CATALOG[trace].plan == "".join(s.text for s in outcome.segments)
         assert [s.index for s in outcome.segments] == list(range(outcome.result.num_segments))
         assert outcome.segments[-1].final and outcome.result_after_segments
-        assert outcome.result.utility > 0 and outcome.result.response_time >= 0
+        assert outcome.result.utility > 0 and duration_seconds(outcome.result.response_time) >= 0
         request_id = outcome.segments[0].request_id
         # The robot's own request id, echoed; nothing of d3's, nor of the other topic robot's, arrives here.
         assert request_id and not request_id.startswith("topic-")
         assert len(heard[agent].segments) == outcome.result.num_segments
         assert {(s.agent_id, s.request_id) for s in heard[agent].segments} == {(agent, request_id)}
         assert [(r.agent_id, r.request_id, r.status) for r in heard[agent].results] == [
-            (agent, request_id, "succeeded")]
+            (agent, request_id, PlanResult.STATUS_SUCCEEDED)]
 
 
 def test_malformed_requests_end_aborted_on_their_topic_and_the_node_serves_on(
@@ -105,8 +107,10 @@ def test_malformed_requests_end_aborted_on_their_topic_and_the_node_serves_on(
         "r-robot": ({"robot_type": "submarine"}, "unknown robot type 'submarine'"),
         "r-trace": ({"trace_id": 0}, "trace_id 0 invalid"),
         "r-task": ({"task": " "}, "empty task"),
-        "r-tuf": ({"tuf_ert": math.nan}, "finite"),
-        "r-overrun": ({"overrun_strategy": "explode"}, "unknown overrun_strategy"),
+        "r-tuf": ({"tuf_ert": DurationMsg(sec=-5)}, "ert must be >= 0"),
+        "r-tuf-ns": ({"tuf_ert": DurationMsg(sec=1, nanosec=2**32 - 1)}, "tuf_ert nanosec 4294967295 is not below 1e9"),
+        "r-tuf-alpha": ({"tuf_alpha": math.nan}, "finite"),
+        "r-overrun": ({"overrun_strategy": 3}, "unknown overrun_strategy 3 (known: 0 none, 1 kill, 2 skip-next)"),
         "": ({}, "empty request id"),
         "x" * 300: ({}, "request id longer than 256"),
     }
@@ -129,9 +133,10 @@ def test_malformed_requests_end_aborted_on_their_topic_and_the_node_serves_on(
         wait_until(lambda: twice.results and twice.segments, RESULT_TIMEOUT_S, "next's refusal")
         assert [r.request_id for r in twice.results] == ["next"]  # not a word about the duplicate
 
-    refusals = {r.request_id: r for r in heard.results if r.status == "aborted"}
+    refusals = {r.request_id: r for r in heard.results if r.status == PlanResult.STATUS_ABORTED}
     for request_id, (_, reason) in malformed.items():
         assert reason in refusals[request_id[:256]].reason
+        assert optional_seconds(refusals[request_id[:256]].response_time) is None
     assert all(r.agent_id == "m1" and "\n" not in r.reason for r in heard.results)
     assert len(heard.results) == len(malformed) + 1  # the refusals and the plan's own end
     assert {s.request_id for s in twice.segments} == {"same"}  # the first one went on

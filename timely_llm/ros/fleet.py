@@ -25,6 +25,7 @@ from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
 from timely_llm.core.skills import SkillModel
 from timely_llm.evaluation.metrics import summarize
+from timely_llm.ros.messages import optional_seconds
 from timely_llm.ros.node import TimelyLlmNode, spinning
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
 from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
@@ -156,19 +157,20 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     INFEASIBLE_REASON) was told when its result came; the node's result gives the best response it could
     still have had then."""
     result = outcome.result
-    shed = result is not None and result.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
+    shed = outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
     record = {"id": request.id, "agent": request.agent, "trace": request.trace,
               "category": catalog[request.trace].category, "arrival": request.arrival, "tuf": request.tuf.to_dict(),
               "status": outcome.status, "reason": result.reason if result else "goal rejected",
               "num_segments": len(outcome.segments)}
-    for key in ("response_time", "waiting_time", "utility"):
-        value = getattr(result, key) if result else math.nan
-        record[key] = value if math.isfinite(value) and not shed else None
+    response = optional_seconds(result.response_time) if result else None
+    record["response_time"] = None if shed else response
+    record["waiting_time"] = None if shed or not result else optional_seconds(result.waiting_time)
+    record["utility"] = None if shed or not result or not math.isfinite(result.utility) else result.utility
     waiting = record["waiting_time"]
     record["completion_time"] = None if waiting is None else waiting + outcome.exec_time
     record["shed"] = shed
     record["infeasible_at"] = outcome.ended_at - start if shed else None
-    record["best_response"] = result.response_time if shed else None
+    record["best_response"] = response if shed else None
     return record
 
 

@@ -16,14 +16,14 @@ from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
 from rclpy.task import Future
 
-from timely_llm.core.request import Outcome, Request, Segment, Status
+from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.agents import AgentTopics
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.ledger import Ledger
-from timely_llm.ros.messages import aborted_result, result_message, segment_message
+from timely_llm.ros.messages import aborted_result, result_message, segment_message, status_name
 from timely_llm.ros.names import MAX_ID_CHARS, REQUEST_PLAN
 from timely_llm.ros.qos import action_server_qos
 from timely_llm.ros.reports import instant
@@ -199,6 +199,8 @@ class GoalDesk:
                 self._node.get_logger().error(f"could not deliver to goal {request_id}: {exc!r}")
 
     def _deliver(self, request_id: str, item: object) -> None:
+        if isinstance(item, RequestPlan.Feedback) and item.segment.request_id:  # not the infeasibility notice
+            item.segment.dispatch_time = self._node.get_clock().now().to_msg()
         if self.topics.deliver(request_id, item):
             return
         if item is EXECUTING or isinstance(item, RequestPlan.Feedback):
@@ -228,17 +230,17 @@ class GoalDesk:
         """Execute callback of an ended request: set the goal's final state and return its result."""
         request_id = goal_handle.goal_id.uuid.tobytes().hex()
         try:
-            if result.status == Status.SUCCEEDED.value:
+            if result.status == RequestPlan.Result.STATUS_SUCCEEDED:
                 goal_handle.succeed()
-            elif result.status == Status.CANCELED.value and goal_handle.is_cancel_requested:
+            elif result.status == RequestPlan.Result.STATUS_CANCELED and goal_handle.is_cancel_requested:
                 goal_handle.canceled()
             else:
                 goal_handle.abort()
         finally:
             self._ledger.concluded(request_id)
         log = self._node.get_logger()
-        (log.debug if result.status == Status.SUCCEEDED.value else log.info)(
-            f"request {request_id} {result.status} {result.reason}".rstrip())
+        (log.debug if result.status == RequestPlan.Result.STATUS_SUCCEEDED else log.info)(
+            f"request {request_id} {status_name(result.status)} {result.reason}".rstrip())
         return result
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
 from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.interfaces import RequestPlan, TaskRequest
+from timely_llm.ros.messages import FieldError, duration_seconds, overrun_name
 from timely_llm.ros.names import MAX_ID_CHARS, agent_id_error
 from timely_llm.server import PlanRequest
 from timely_llm.workloads.traces import Trace, TraceCatalog
@@ -64,11 +64,10 @@ def plan_from_goal(goal: Goal, request_id: str, rules: GoalRules) -> PlanRequest
 
 
 def _goal_overrun(goal: Goal) -> str:
-    strategy = goal.overrun_strategy or OVERRUN_NONE
-    if strategy not in OVERRUN_STRATEGIES:
-        raise RequestRejected(f"unknown overrun_strategy {strategy[:MAX_ID_CHARS]!r} "
-                              f"(known: {', '.join(OVERRUN_STRATEGIES)}, or empty for none)")
-    return strategy
+    try:
+        return overrun_name(goal.overrun_strategy)
+    except FieldError as exc:
+        raise RequestRejected(str(exc)) from None
 
 
 def _goal_trace(goal: Goal, rules: GoalRules) -> Trace | None:
@@ -85,11 +84,12 @@ def _goal_trace(goal: Goal, rules: GoalRules) -> Trace | None:
 
 
 def _goal_tuf(goal: Goal, category: str, rules: GoalRules) -> TUF:
-    if goal.tuf_ert == goal.tuf_alpha == goal.tuf_beta == 0.0:
-        return rules.default_tufs[category]
     try:
-        tuf = TUF(goal.tuf_ert, goal.tuf_alpha, goal.tuf_beta)
-    except ValueError as exc:
+        ert = duration_seconds(goal.tuf_ert, "tuf_ert")
+        if ert == goal.tuf_alpha == goal.tuf_beta == 0.0:
+            return rules.default_tufs[category]
+        tuf = TUF(ert, goal.tuf_alpha, goal.tuf_beta)
+    except ValueError as exc:  # FieldError included
         raise RequestRejected(str(exc)) from exc
     if tuf.ert > MAX_ERT_S:
         raise RequestRejected(f"TUF ert {tuf.ert} s exceeds {MAX_ERT_S} s")

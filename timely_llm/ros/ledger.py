@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from timely_llm.ros.interfaces import SegmentDone
-from timely_llm.ros.reports import Instant, ReportBook
+from timely_llm.ros.reports import Executed, Instant, ReportBook
 
 
 @dataclass
@@ -84,8 +84,8 @@ class Ledger:
         with self._lock:
             self._reports.dispatched(request_id, index, est_exec_time, now, est_end)
 
-    def take(self, report: SegmentDone, now: Instant) -> Instant:
-        """The robot's report recorded; when its segment was dispatched (ReportRefused: why not)."""
+    def take(self, report: SegmentDone, now: Instant) -> Executed:
+        """The robot's report recorded; its execution on the node's clock (ReportRefused: why not)."""
         with self._lock:
             return self._reports.take(report, now)
 

@@ -37,6 +37,7 @@ from rclpy.publisher import Publisher
 from timely_llm.core.skills import SkillModel
 from timely_llm.ros.fleet import ros_session
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
+from timely_llm.ros.messages import duration_msg, status_name
 from timely_llm.ros.names import report_topic
 from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink, robot_publisher
 from timely_llm.workloads.traces import TraceCatalog
@@ -213,7 +214,7 @@ class Swarm:
             start = max(time.monotonic(), self._lane_free.get(segment.request_id, 0.0))
             self._lane_free[segment.request_id] = start + seconds
         report = SegmentDone(agent_id=_agent_id(agent), request_id=segment.request_id, index=segment.index,
-                             duration=seconds, success=True)
+                             duration=duration_msg(seconds), success=True)
         self._timers.at(start + seconds, functools.partial(self._report, agent, report))
 
     def _report(self, agent: int, report: SegmentDone) -> None:
@@ -342,7 +343,8 @@ def _plan_status(response) -> str:  # noqa: ANN001 - GetResult response
     plan status (the node's execute callback raised), says so."""
     if response.status == GoalStatus.STATUS_UNKNOWN:
         return "result expired"
-    return response.result.status or f"no plan status (ROS status {response.status})"
+    code = response.result.status
+    return status_name(code) if code else f"no plan status (ROS status {response.status})"
 
 
 def _drain(swarm: Swarm) -> None:

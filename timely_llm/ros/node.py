@@ -114,7 +114,8 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)}"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
     "max_batch": (SHIPPED, "maximum batch size; 0 = the policy's default"),
-    "network_latency": (SHIPPED, "one-way robot<->server latency in seconds"),
+    "network_latency": (SHIPPED, "one-way robot<->server latency in seconds; an unstamped SegmentDone was this "
+                                  "long on its way"),
     "max_task_chars": (2000, "goals whose task text is longer are rejected"),
     "max_prompt_tokens": (SHIPPED, "goals whose prompt is longer are rejected (vllm: + max_new_tokens <= "
                                    "max_model_len)"),

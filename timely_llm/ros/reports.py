@@ -6,10 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 from timely_llm.ros.interfaces import SegmentDone
+from timely_llm.ros.messages import FieldError, duration_seconds, stamp_seconds
 from timely_llm.ros.names import MAX_ID_CHARS
 
 REPORT_SLACK_S = 1.0
-"""A reported duration may exceed the time since its segment was dispatched by this much (clock granularity)."""
+"""How far a reported execution may reach outside the time since its segment's dispatch: before the dispatch, or
+(stamped) past the report's arrival. Clock granularity, and the skew between a robot's clock and the node's."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,16 @@ def instant(ros_clock: object, server_clock: object) -> Instant:
 
 class ReportRefused(ValueError):
     """Why a report is not applied (nothing changed)."""
+
+
+@dataclass(frozen=True)
+class Executed:
+    """A report taken: when its segment was dispatched, how long it executed and when that ended, on the node's
+    clock (``ended`` None: the report had no stamp)."""
+
+    dispatched: Instant
+    duration: float
+    ended: float | None
 
 
 @dataclass
@@ -102,8 +114,8 @@ class ReportBook:
         ahead = math.fsum(s.est_exec_time for s in lane.awaited.values()) + est_exec_time
         lane.awaited[index] = _Awaited(est_exec_time, now, now.node + self.factor * ahead + self.margin)
 
-    def take(self, report: SegmentDone, now: Instant) -> Instant:
-        """Record a report; when its segment was dispatched. ReportRefused says why it is not (nothing changes)."""
+    def take(self, report: SegmentDone, now: Instant) -> Executed:
+        """Record a report; ReportRefused says why it is not (nothing changes)."""
         lane = self._lanes.get(report.request_id)
         if lane is None:
             raise ReportRefused("no such goal in flight")
@@ -116,18 +128,14 @@ class ReportBook:
         segment = lane.awaited.get(report.index)
         if segment is None:
             raise ReportRefused(f"segment {report.index} was already reported")
-        duration, since = report.duration, now.node - segment.dispatched.node
-        if not math.isfinite(duration) or duration < 0:
-            raise ReportRefused(f"duration {duration!r} is not a finite, non-negative number of seconds")
-        if duration > since + REPORT_SLACK_S:
-            raise ReportRefused(f"duration {duration:.6g} s exceeds the {since:.3f} s since its dispatch")
+        executed = _executed(report, segment.dispatched, now.node)
         del lane.awaited[report.index]
         ahead = 0.0
         for index, later in lane.awaited.items():
             if index > report.index:
                 ahead += later.est_exec_time
                 later.deadline = max(later.deadline, now.node + self.factor * ahead + self.margin)
-        return segment.dispatched
+        return executed
 
     def expired(self, now: float) -> list[tuple[str, int]]:
         """(request, first overdue segment) for each request whose robot just missed a deadline (once each);
@@ -157,3 +165,25 @@ class ReportBook:
     def executing(self) -> int:
         """Requests with a dispatched segment their robot has not reported yet."""
         return sum(1 for lane in self._lanes.values() if lane.awaited)
+
+
+def _executed(report: SegmentDone, dispatched: Instant, now: float) -> Executed:
+    """The report's execution, checked to fit between its segment's dispatch and now (node's clock): stamped, its
+    window [stamp - duration, stamp]; else its duration within the time since the dispatch."""
+    try:
+        duration, ended = duration_seconds(report.duration), stamp_seconds(report.stamp)
+    except FieldError as exc:
+        raise ReportRefused(str(exc)) from None
+    if duration < 0:
+        raise ReportRefused(f"duration {duration:.6g} s is negative")
+    if ended is None:
+        since = now - dispatched.node
+        if duration > since + REPORT_SLACK_S:
+            raise ReportRefused(f"duration {duration:.6g} s exceeds the {since:.3f} s since its dispatch")
+    elif ended > now + REPORT_SLACK_S:
+        raise ReportRefused(f"stamp {ended:.3f} s is ahead of the node's clock ({now:.3f} s): the robot's clock "
+                            "and the node's disagree")
+    elif ended - duration < dispatched.node - REPORT_SLACK_S:
+        raise ReportRefused(f"execution from {ended - duration:.3f} s (stamp minus duration) starts before its "
+                            f"dispatch at {dispatched.node:.3f} s on the node's clock")
+    return Executed(dispatched, duration, ended)

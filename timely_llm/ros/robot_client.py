@@ -3,7 +3,8 @@
 A :class:`RobotClient` is one robot. It sends ``RequestPlan`` goals with its TUF, runs
 every feedback segment through a :data:`SegmentRunner` on a worker thread of its own
 (segments of a plan run in order, one at a time) and publishes ``SegmentDone`` on its own
-``<agent_id>/segment_done`` (relative to the node's namespace; the agent id must be a ROS name token).
+``<agent_id>/segment_done`` (relative to the node's namespace; the agent id must be a ROS name token), stamped
+with its node's clock when the segment's execution ended (the simulation's, for a node with ``use_sim_time``).
 Several robots can share one node (see :class:`PlanLink`).
 """
 
@@ -35,6 +36,7 @@ from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import TelloExecutor
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.messages import duration_msg, overrun_code, status_name
 from timely_llm.ros.names import REQUEST_PLAN, agent_id_error, report_topic
 from timely_llm.ros.qos import DEEP_RELIABLE, action_client_qos
 from timely_llm.ros.rclpy_compat import PublisherEventCallbacks
@@ -124,7 +126,8 @@ class TaskOutcome:
 
     @property
     def status(self) -> str:
-        return self.result.status if self.result is not None else "rejected"
+        """How it ended, in the Server's words: ``succeeded``, ``aborted``, ``canceled``, or ``rejected``."""
+        return status_name(self.result.status) if self.result is not None else "rejected"
 
 
 class PlanActionClient(ActionClient):
@@ -205,11 +208,13 @@ class RobotClient:
 
     def request(self, task: str, tuf: TUF | None = None, trace_id: int = 0, max_new_tokens: int = 0,
                 label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
-        """Send a goal (``tuf=None``: the server's default for its category); ``wait()`` on what it returns."""
+        """Send a goal (``tuf=None``: the server's default for its category; ``overrun_strategy``: ``none`` or
+        empty, ``kill``, ``skip-next``); ``wait()`` on what it returns."""
         ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
-        goal = RequestPlan.Goal(agent_id=self.agent_id, robot_type=self.robot_type, task=task, tuf_ert=ert,
-                                tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens, trace_id=trace_id,
-                                keep_if_infeasible=keep_if_infeasible, overrun_strategy=overrun_strategy)
+        goal = RequestPlan.Goal(agent_id=self.agent_id, robot_type=self.robot_type, task=task,
+                                tuf_ert=duration_msg(ert), tuf_alpha=alpha, tuf_beta=beta,
+                                max_new_tokens=max_new_tokens, trace_id=trace_id, keep_if_infeasible=keep_if_infeasible,
+                                overrun_strategy=overrun_code(overrun_strategy))
         outcome = TaskOutcome(label or self.agent_id, time.monotonic())
         sent = self.link.action.send_goal_async(goal, feedback_callback=lambda fb: self._on_feedback(outcome, fb))
         sent.add_done_callback(lambda f: self._on_response(outcome, f.result()))
@@ -256,10 +261,12 @@ class RobotClient:
             outcome, segment, arrives = item
             time.sleep(max(0.0, arrives - time.monotonic()))
             result = self.runner(segment, outcome.label)
+            ended = self.link.node.get_clock().now().to_msg()
             outcome.exec_time += result.duration
             if self.report:
-                report = SegmentDone(agent_id=self.agent_id, request_id=segment.request_id, index=segment.index,
-                                     duration=result.duration, success=result.success, reason=result.reason,
+                report = SegmentDone(stamp=ended, agent_id=self.agent_id, request_id=segment.request_id,
+                                     index=segment.index, duration=duration_msg(result.duration),
+                                     success=result.success, reason=result.reason,
                                      result=reported_value(segment, result))
                 if self.network_delay > 0:
                     threading.Timer(self.network_delay, self._publish, (report,)).start()

@@ -1,6 +1,7 @@
 """The robots' reports, each on its robot's ``<agent_id>/segment_done`` (``agents``), and the watchdog: checked on
 the executor against the node's clock (ROS time, the simulation's with ``use_sim_time``), applied on the server
-loop in the server's clock."""
+loop in the server's clock. A report's stamp (the robot's clock at its execution's end) places the execution;
+a report without one ended, as far as the node knows, ``network_latency`` before it arrived."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.names import MAX_ID_CHARS
-from timely_llm.ros.reports import Instant, ReportRefused, instant
+from timely_llm.ros.reports import Executed, Instant, ReportRefused, instant
 from timely_llm.ros.server_loop import ServerLoop, abort, executed
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.server import Server
@@ -35,13 +36,12 @@ class RobotReports:
         try:
             if report.agent_id != agent:
                 raise ReportRefused(f"it names agent {report.agent_id[:MAX_ID_CHARS]!r}")
-            dispatched = self._ledger.take(report, received)
+            executed = self._ledger.take(report, received)
         except ReportRefused as refused:
             self._log.warn(agent, f"ignored SegmentDone on {agent!r}'s topic for goal "
                                   f"{report.request_id[:MAX_ID_CHARS]!r} segment {report.index}: {refused}")
             return
-        self._loop.send(functools.partial(_apply_report, report, received.server,
-                                          server_seconds(report.duration, dispatched, received)))
+        self._loop.send(functools.partial(_apply_report, report, received.server, *server_window(executed, received)))
 
     def _check_watchdog(self) -> None:
         overdue, due = self._ledger.overdue_and_due(instant(self._node.get_clock(), self._loop.clock))
@@ -60,8 +60,18 @@ def server_seconds(duration: float, dispatched: Instant, received: Instant) -> f
     return duration * (received.server - dispatched.server) / on_node if on_node > 0 else duration
 
 
-def _apply_report(report: SegmentDone, received: float, duration: float, server: Server) -> None:
-    exec_end = received - server.network_latency
+def server_window(executed: Executed, received: Instant) -> tuple[float, float | None]:
+    """The execution's duration in the server's seconds, and how long before the report's arrival it ended
+    (None: the report had no stamp; never negative: a robot's clock a little ahead of the node's)."""
+    duration = server_seconds(executed.duration, executed.dispatched, received)
+    if executed.ended is None:
+        return duration, None
+    return duration, server_seconds(max(0.0, received.node - executed.ended), executed.dispatched, received)
+
+
+def _apply_report(report: SegmentDone, received: float, duration: float, ended_ago: float | None,
+                  server: Server) -> None:
+    exec_end = received - (server.network_latency if ended_ago is None else ended_ago)
     try:
         server.segment_done(report.request_id, report.index, exec_end - duration, exec_end,
                             report.success, report.reason[:MAX_REASON_CHARS], result=report.result or None)

@@ -8,7 +8,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm.core.request import Status
 from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
 from timely_llm.ros.goal_desk import GoalDesk
-from timely_llm.ros.interfaces import ServerStatus
+from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.qos import SERVER_STATUS_QOS
 from timely_llm.ros.server_loop import ServerLoop
@@ -48,14 +48,11 @@ class StatusReporter:
             suspended = sum(r.status in (Status.PARKED, Status.SUSPENDED) for r in server.requests.values())
             waiting = len(server.scheduler.blocked)
         totals, finished, executing = self._ledger.totals()
-        msg = ServerStatus(queue_length=queued, running=running, suspended=suspended, executing=executing,
-                           waiting=waiting, finished=finished, policy=server.policy.name, engine=self._engine_name)
-        msg.stamp = self._node.get_clock().now().to_msg()
-        for category, count, mean in totals:
-            msg.categories.append(category)
-            msg.count.append(count)
-            msg.mean_utility.append(mean)
-        self._status_pub.publish(msg)
+        self._status_pub.publish(ServerStatus(
+            stamp=self._node.get_clock().now().to_msg(), queue_length=queued, running=running, suspended=suspended,
+            executing=executing, waiting=waiting, finished=finished, policy=server.policy.name,
+            engine=self._engine_name, categories=[CategoryStatus(name=category, mean_utility=mean, finished=count)
+                                                  for category, count, mean in totals]))
 
     def _publish_diagnostics(self) -> None:
         self._diagnostics_pub.publish(diagnostic_array(self.snapshot(), self._node.get_clock().now().to_msg()))

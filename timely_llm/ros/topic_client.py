@@ -23,6 +23,7 @@ from std_msgs.msg import String
 from timely_llm.core.tuf import TUF
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.messages import duration_msg, overrun_code
 from timely_llm.ros.names import TASK_REQUESTS, agent_topics, cancel_topic
 from timely_llm.ros.qos import AGENT_QOS
 from timely_llm.ros.rclpy_compat import SubscriptionEventCallbacks
@@ -75,9 +76,9 @@ class TopicRobotClient(RobotClient):
             request_id = f"{self._ids}{self._count}"
             self._pending[request_id] = outcome
         self.link.request_pub.publish(TaskRequest(
-            request_id=request_id, agent_id=self.agent_id, robot_type=self.robot_type, task=task, tuf_ert=ert,
-            tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens, trace_id=trace_id,
-            keep_if_infeasible=keep_if_infeasible, overrun_strategy=overrun_strategy))
+            request_id=request_id, agent_id=self.agent_id, robot_type=self.robot_type, task=task,
+            tuf_ert=duration_msg(ert), tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens,
+            trace_id=trace_id, keep_if_infeasible=keep_if_infeasible, overrun_strategy=overrun_code(overrun_strategy)))
         return outcome
 
     def cancel(self, outcome: TaskOutcome) -> None:

@@ -41,6 +41,7 @@ from std_msgs.msg import String
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.agents import AgentTopics, TopicEndpoints
 from timely_llm.ros.interfaces import PlanResult, RequestPlan, SegmentDone, TaskRequest
+from timely_llm.ros.messages import aborted_result
 from timely_llm.ros.names import MAX_ID_CHARS, TASK_REQUESTS, agent_id_error
 from timely_llm.ros.qos import DEEP_RELIABLE
 from timely_llm.ros.throttle import ThrottledLog
@@ -127,9 +128,7 @@ class TopicRequests:
         endpoints = self._endpoints(agent)
         if endpoints is None:  # too many robots: no topic of its own to answer on
             return
-        endpoints.results.publish(PlanResult(
-            request_id=robot_id[:MAX_ID_CHARS], agent_id=agent, status="aborted", reason=reason,
-            **dict.fromkeys(("response_time", "waiting_time", "utility"), float("nan"))))
+        endpoints.results.publish(plan_result(aborted_result(reason), _Live(agent, robot_id[:MAX_ID_CHARS])))
 
     def _forget(self, node_id: str) -> _Live | None:
         with self._lock:
