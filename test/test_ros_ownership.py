@@ -204,7 +204,7 @@ def test_a_duplicate_task_request_reusing_a_live_id_leaves_the_victims_plan_and_
         report_all(victim_robot, victim)
         assert victim.wait(RESULT_TIMEOUT_S).status == "succeeded", victim.result.reason
         wait_until(lambda: heard.results, RESULT_TIMEOUT_S, "the plan's result heard")
-    assert [(r.request_id, r.status) for r in heard.results] == [(live_id, "succeeded")]
+    assert [(r.request_id, r.status) for r in heard.results] == [(live_id, PlanResult.STATUS_SUCCEEDED)]
     assert [(s.request_id, s.index) for s in heard.segments] == [(live_id, i) for i in range(len(victim.segments))]
 
 
