@@ -1,7 +1,7 @@
 # Source me: . scripts/ros_env.sh VENV
-# The ROS 2 environment of VENV (the Jazzy wheels, and the timely_llm interfaces that scripts/build_interfaces.sh
-# installs there), as sourcing /opt/ros/jazzy/setup.bash gives on a ROS installation: `colcon build` and launch
-# files need it. The timely-llm command does not: an activated venv is enough.
+# The ROS 2 environment of VENV (the Jazzy wheels, and the timely_llm_interfaces package that
+# scripts/build_interfaces.sh installs there), as sourcing /opt/ros/jazzy/setup.bash gives on a ROS installation:
+# `colcon build` and launch files need it. The timely-llm command does not: an activated venv is enough.
 # (A second argument, the build directory that older versions took, is ignored.)
 # shellcheck shell=bash
 

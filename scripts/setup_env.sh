@@ -21,7 +21,7 @@ else
        "(the first time downloads several GB: several minutes)"
 fi
 bash "$repo/scripts/install_vllm.sh" "$venv"
-echo "==> setup 2/3: ROS 2 Jazzy wheels and the timely_llm interfaces (build in $build)"
+echo "==> setup 2/3: ROS 2 Jazzy wheels and the interfaces package timely_llm_interfaces (build in $build)"
 bash "$repo/scripts/build_interfaces.sh" "$venv" "$build"
 if [ "$vllm_build" = none ]; then
   echo "==> setup 3/3: timely_llm with its robot and test extras"
