@@ -168,7 +168,7 @@ class VllmEngine(Engine):
 
     def step(self) -> StepOutput:
         self._paused_blocks = None
-        self._free_slot_for_waiting()
+        self._free_room_for_waiting()
         began = time.perf_counter()
         try:
             outputs = self._engine.step()
@@ -273,14 +273,22 @@ class VllmEngine(Engine):
                                 len(scheduler.running) + len(scheduler.waiting) >= self._slots):
             self._stop_request(next(iter(self._paused.values())))
 
-    def _free_slot_for_waiting(self) -> None:
-        """Abort paused requests, oldest first, while vLLM's batch is full and a request waits for a slot: a
-        request resumed or started after the batch filled (a resume re-submitted, a start queued behind paused
-        ones) is running to our scheduler and must not wait behind requests that compute nothing."""
+    def _free_room_for_waiting(self) -> None:
+        """Abort paused requests, oldest first, while a request waits in vLLM's queue for a slot or for the KV
+        blocks paused ones hold: a request resumed or started after the batch or the memory filled (two starts
+        at one scheduling point may count the same free blocks) is running to our scheduler and must not wait
+        behind requests that compute nothing."""
         scheduler = self._scheduler()
-        while self._paused and (scheduler.waiting or scheduler.kv_holding_waiting) and \
-                len(scheduler.running) >= self._slots:
+        while self._paused and self._waiting_needs_room(scheduler):
             self._stop_request(next(iter(self._paused.values())))
+
+    def _waiting_needs_room(self, scheduler: Any) -> bool:
+        if not (scheduler.waiting or scheduler.kv_holding_waiting):
+            return False
+        if len(scheduler.running) >= self._slots:
+            return True
+        queue = scheduler.waiting or scheduler.kv_holding_waiting
+        return self._block_pool().get_num_free_blocks() < self.blocks_for(queue.peek_request().num_tokens + 1)
 
     def _reclaimable(self, gen: _Generation) -> int:
         return self._only_held(gen.paused.request_id)
