@@ -110,11 +110,8 @@ def test_a_profile_naming_an_unknown_tokenizer_is_refused(tmp_path) -> None:
         load_profile(str(path))
 
 
-@pytest.mark.vllm
-def test_a_burst_at_a_full_batch_cap_ends_with_vllm_slots_at_the_cap() -> None:
-    """At a batch cap of 2 (and vLLM's slots at 2) under a burst of 10, newcomers take the batch while suspended
-    generations' robots execute: the engine gives a paused request's slot to a waiting one, so every request is
-    served (before it did, a resume waited in vLLM's queue behind paused requests and the run never ended)."""
+def _replay_burst_at_cap_2(paused_slots: int | None) -> fidelity.FidelityRun:
+    """The first 10 requests of the bursty workload, arriving at once, at a batch cap of 2 on the tiny model."""
     from dataclasses import replace
 
     from timely_llm.clock import WallClock
@@ -124,11 +121,30 @@ def test_a_burst_at_a_full_batch_cap_ends_with_vllm_slots_at_the_cap() -> None:
     burst = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
     first = burst.requests[0].arrival
     burst = replace(burst, requests=tuple(replace(r, arrival=r.arrival - first) for r in burst.requests[:10]))
-    engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=2)
+    room = {} if paused_slots is None else {"paused_slots": paused_slots}
+    engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=2, **room)
     try:
+        assert engine.max_batch == 2
         run = fidelity.replay(fidelity.REAL, engine, WallClock(), None, burst, "timelyllm", load_skill_models(),
                               catalog, seed=0, max_batch=2)
     finally:
         engine.close()
     assert run.result["summary"]["all"]["succeeded"] == len(burst.requests)
+    return run
+
+
+@pytest.mark.vllm
+def test_a_burst_at_a_full_batch_cap_ends_with_vllm_slots_at_the_cap() -> None:
+    """At a batch cap of 2 with no vLLM slot beyond it, under a burst of 10, newcomers take the batch while
+    suspended generations' robots execute: the engine gives a paused request's slot to a waiting one, so every
+    request is served (before it did, a resume waited in vLLM's queue behind paused requests and never ended)."""
+    run = _replay_burst_at_cap_2(paused_slots=0)
     assert run.log["suspends"] > 0 and run.log["reprefilled"] > 0
+
+
+@pytest.mark.vllm
+def test_generations_suspended_at_a_full_batch_cap_keep_their_kv_in_the_slots_beyond_it() -> None:
+    """The same burst with vLLM's default room beyond the cap: newcomers run while suspended generations stay
+    paused in vLLM's extra slots, so no resume prefills again (the tax normal robots paid at capped batches)."""
+    run = _replay_burst_at_cap_2(paused_slots=None)
+    assert run.log["suspends"] > 0 and run.log["reprefilled"] == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from builtin_interfaces.msg import Duration as DurationMsg
@@ -22,9 +22,9 @@ from timely_llm.core.throughput import TYPICAL_CONTEXT, derive_curve
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
-from timely_llm.errors import RequestRejected
+from timely_llm.errors import RequestRejected, RunIncomplete
 from timely_llm.evaluation.harness import run_bench
-from timely_llm.ros.fleet import cut, fleet_result, run_fleet, server_node
+from timely_llm.ros.fleet import cut, fleet_agents, fleet_result, run_fleet, server_node
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, ServerStatus
 from timely_llm.ros.interfaces import Segment as SegmentMsg
@@ -33,6 +33,7 @@ from timely_llm.ros.node import NodeStartError
 from timely_llm.ros.robot_client import (
     PlanLink,
     RobotClient,
+    SimulatedSkills,
     TaskOutcome,
     segment_rng,
     tello_runner,
@@ -308,6 +309,20 @@ def test_simulated_fleet_flies_djitellopy_drones_and_arms(session: tuple, robots
         drawn = SKILLS[CATALOG[trace].robot].sample_exec_time
         expected = sum(drawn(s.text, segment_rng(0, f"t{trace}", s.index)) for s in outcome.segments) * scale
         assert expected * 0.9 <= outcome.exec_time <= expected + 1.5, trace
+
+
+def test_a_fleet_that_cannot_finish_in_its_grace_says_how_many_requests_are_still_open(session: tuple) -> None:
+    """Robots twenty times slower than their skill models cannot end their plans within a 1 s grace after the
+    last arrival: the run ends with one line saying how many requests were open, not a bare TimeoutError."""
+    wid1 = generate(BUILTIN["WID1"], CATALOG, SKILLS, seed=0)
+    workload = replace(wid1, requests=tuple(replace(r, arrival=0.1 * i) for i, r in enumerate(wid1.requests[:3])))
+    slow = {agent: SimulatedSkills(SKILLS[robot], 0, time_scale=20.0)
+            for agent, robot in fleet_agents(workload, CATALOG).items()}
+    n = len(workload.requests)
+    with server_node(session[1], session[0]), pytest.raises(RunIncomplete) as raised:
+        run_fleet(workload, CATALOG, SKILLS, session[1], session[0], 0, slow, grace_s=1.0)
+    assert str(raised.value) == (f"{n} of {n} requests had not ended 1 s after the last arrival: the node cannot "
+                                 "keep up with this workload on this machine")
 
 
 RESPONSE_DEADLINE_S = 5.0

@@ -224,6 +224,16 @@ def test_segments_stream_into_one_plan(drone: TelloExecutor, sim: TelloSimulator
     assert second.returned is True
 
 
+def test_a_segment_reports_what_its_last_call_returned(drone: TelloExecutor, sim: TelloSimulator) -> None:
+    """The value a robot sends back for a segment ending in a blocking call is its last call's."""
+    looked = drone.execute_text("takeoff;iv('cat');", request_id="r1")
+    moved = drone.execute_text("mf(30);", request_id="r1", final=True)
+
+    assert looked.success and looked.last_value is True
+    assert moved.success and moved.last_value is None
+    assert sim.commands[-1] == "forward 30"
+
+
 def test_a_conditional_block_flies_segment_by_segment_as_the_node_dispatches_it(drone: TelloExecutor,
                                                                                 sim: TelloSimulator) -> None:
     drone.execute_text("takeoff;?iv('cat')==True{", request_id="r1")

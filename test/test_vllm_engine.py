@@ -10,7 +10,7 @@ import pytest
 from guards import bounded
 
 from timely_llm.engines.base import EngineRejected, GenerationSpec, ResumeInfo
-from timely_llm.engines.vllm_engine import VllmEngine
+from timely_llm.engines.vllm_engine import PAUSED_SLOTS, VllmEngine
 from timely_llm.models import CORPUS
 
 pytestmark = pytest.mark.vllm
@@ -170,8 +170,10 @@ def test_crowded_out_pause_resumes_from_the_prefix_cache_at_an_exact_block_multi
     edge = GenerationSpec("edge", prompt, max_new_tokens=8)
     straight = drive(engine, [replace(edge, gen_id="edge-straight")])
     output = start_then_suspend(engine, edge, 4)
-    # Newcomers that fill vLLM's batch take the paused request's slot: it is aborted, its full blocks cached.
-    crowd = [GenerationSpec(f"crowd{i}", [20 + i, 30, 40], max_new_tokens=1) for i in range(engine.max_batch)]
+    # Newcomers that fill vLLM's slots, those beyond the batch cap too, take the paused request's: it is aborted,
+    # its full blocks cached.
+    crowd = [GenerationSpec(f"crowd{i}", [20 + i, 30, 40], max_new_tokens=1)
+             for i in range(engine.max_batch + PAUSED_SLOTS)]
     drive(engine, crowd)
     resumed = drive(engine, [replace(edge, output_ids=output)])
     info = resumed.resumes[0]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from timely_llm.core.features import Features
 from timely_llm.core.overload import OVERRUN_STRATEGIES
-from timely_llm.errors import ConfigError
+from timely_llm.errors import ConfigError, RunIncomplete
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
 if TYPE_CHECKING:
@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # found once the command runs: named like the command's parser errors
         print(f"{args.command_parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    except RunIncomplete as exc:
+        print(f"{args.command_parser.prog}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:

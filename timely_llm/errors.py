@@ -18,6 +18,10 @@ class ConfigError(ValueError):
         self.field = field
 
 
+class RunIncomplete(RuntimeError):
+    """A real-time run gave up on requests that had not ended in the time it allows after the last arrival."""
+
+
 class RequestRejected(ValueError):
     """A plan request is malformed; nothing was queued."""
 

@@ -6,7 +6,9 @@ its KV blocks, grammar state and token ids, but vLLM's scheduler skips it (its
 with nothing prefilled again. Where a newcomer needs the memory or the batch slot a
 paused request holds, or vLLM preempts it, the oldest paused request is aborted
 instead: its full KV blocks stay in vLLM's prefix cache (until evicted), and
-resuming it with prompt + generated ids prefills only the tail.
+resuming it with prompt + generated ids prefills only the tail. vLLM gets
+``PAUSED_SLOTS`` request slots beyond the batch cap (``max_num_seqs``) for paused
+requests, so that a newcomer at a full batch does not cost one of them its KV.
 Scheduling is synchronous and there is no speculative decoding, so each step
 yields at most one token per running generation: when the server suspends right
 after a step that completed a segment, nothing past the boundary was generated.
@@ -45,6 +47,10 @@ from timely_llm.models import resolve_model
 GIB = 1 << 30
 PAUSED = sys.maxsize
 """A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
+PAUSED_SLOTS = 64
+"""vLLM request slots beyond a given ``max_num_seqs``, held by requests paused in place (they compute nothing).
+With none to spare, every newcomer at a full capped batch aborted a paused request and its resume prefilled again:
+273 of 290 resumes at cap 8 in a bursty run, the response time normal robots paid (docs/simulator.md)."""
 
 
 @dataclass
@@ -83,6 +89,7 @@ class VllmEngine(Engine):
         *,
         kv_cache_gib: float | None = None,
         kv_offloading_gib: float | None = None,
+        paused_slots: int = PAUSED_SLOTS,
         **engine_args: Any,
     ) -> None:
         """Create the engine in this process.
@@ -95,16 +102,19 @@ class VllmEngine(Engine):
         ``engine_args`` are any other fields of vLLM's ``EngineArgs`` (e.g. ``max_model_len``, ``max_num_seqs``,
         ``dtype``, ``tensor_parallel_size``, ``scheduling_policy``: with ``"priority"`` each generation's
         ``priority`` orders vLLM's waiting queue and picks its preemption victim), passed as they are; vLLM's
-        refusal raises EngineArgsError (vllm_args).
+        refusal raises EngineArgsError (vllm_args). A given ``max_num_seqs`` is the batch cap: vLLM gets
+        ``paused_slots`` more request slots for the generations suspended in place.
         """
-        self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, engine_args)
+        self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, paused_slots, engine_args)
         self._priority_scheduling = config.scheduler_config.policy == "priority"
         self._max_model_len: int = config.model_config.max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
-        self.max_batch: int = config.scheduler_config.max_num_seqs
-        """vLLM's max_num_seqs as vLLM settled it: the server's batch cap follows it."""
+        self._slots: int = config.scheduler_config.max_num_seqs
+        """vLLM's request slots: running and paused requests together."""
+        self.max_batch: int = _batch_cap(engine_args) or self._slots
+        """The given max_num_seqs, else vLLM's own: the server's batch cap follows it."""
         self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         self._gens: dict[str, _Generation] = {}
         self._by_request: dict[str, str] = {}
@@ -158,7 +168,7 @@ class VllmEngine(Engine):
 
     def step(self) -> StepOutput:
         self._paused_blocks = None
-        self._free_slot_for_waiting()
+        self._free_room_for_waiting()
         began = time.perf_counter()
         try:
             outputs = self._engine.step()
@@ -260,17 +270,25 @@ class VllmEngine(Engine):
         batch has room for one more request), so vLLM never preempts or queues on their account."""
         scheduler = self._scheduler()
         while self._paused and (self._block_pool().get_num_free_blocks() < blocks or slot and
-                                len(scheduler.running) + len(scheduler.waiting) >= self.max_batch):
+                                len(scheduler.running) + len(scheduler.waiting) >= self._slots):
             self._stop_request(next(iter(self._paused.values())))
 
-    def _free_slot_for_waiting(self) -> None:
-        """Abort paused requests, oldest first, while vLLM's batch is full and a request waits for a slot: a
-        request resumed or started after the batch filled (a resume re-submitted, a start queued behind paused
-        ones) is running to our scheduler and must not wait behind requests that compute nothing."""
+    def _free_room_for_waiting(self) -> None:
+        """Abort paused requests, oldest first, while a request waits in vLLM's queue for a slot or for the KV
+        blocks paused ones hold: a request resumed or started after the batch or the memory filled (two starts
+        at one scheduling point may count the same free blocks) is running to our scheduler and must not wait
+        behind requests that compute nothing."""
         scheduler = self._scheduler()
-        while self._paused and (scheduler.waiting or scheduler.kv_holding_waiting) and \
-                len(scheduler.running) >= self.max_batch:
+        while self._paused and self._waiting_needs_room(scheduler):
             self._stop_request(next(iter(self._paused.values())))
+
+    def _waiting_needs_room(self, scheduler: Any) -> bool:
+        if not (scheduler.waiting or scheduler.kv_holding_waiting):
+            return False
+        if len(scheduler.running) >= self._slots:
+            return True
+        queue = scheduler.waiting or scheduler.kv_holding_waiting
+        return self._block_pool().get_num_free_blocks() < self.blocks_for(queue.peek_request().num_tokens + 1)
 
     def _reclaimable(self, gen: _Generation) -> int:
         return self._only_held(gen.paused.request_id)
@@ -354,7 +372,7 @@ class VllmEngine(Engine):
 
 
 def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offloading_gib: float | None,
-                   engine_args: dict[str, Any]) -> tuple[LLMEngine, Any]:
+                   paused_slots: int, engine_args: dict[str, Any]) -> tuple[LLMEngine, Any]:
     """vLLM's engine in this process, with the settings our loop relies on, and its config."""
     check_fields(engine_args)
     # In process (our scheduler reads vLLM's); tensor parallel workers are still processes of their own.
@@ -362,8 +380,10 @@ def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offl
     # Model Runner V2 (the CUDA default since vLLM 0.25) takes logits processors
     # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    cap = _batch_cap(engine_args)
+    slots = {"max_num_seqs": cap + paused_slots} if cap else {}
     args = EngineArgs(
-        **(_model_args(model) | engine_args),
+        **(_model_args(model) | engine_args | slots),
         kv_cache_memory_bytes=int(kv_cache_gib * GIB) if kv_cache_gib else None,
         enable_prefix_caching=True,
         async_scheduling=False,
@@ -372,6 +392,12 @@ def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offl
     )
     config = create_config(args, engine_args)
     return LLMEngine.from_vllm_config(config, disable_log_stats=args.disable_log_stats), config
+
+
+def _batch_cap(engine_args: dict[str, Any]) -> int | None:
+    """The batch cap a valid ``max_num_seqs`` gives; an invalid one goes to vLLM as it is, for vLLM to refuse."""
+    cap = engine_args.get("max_num_seqs")
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
 def _model_args(model: str | Path | None) -> dict[str, Any]:

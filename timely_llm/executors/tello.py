@@ -137,6 +137,7 @@ class TelloExecutor:
         self.log: list[str] = []
         self._tello: Tello | None = None
         self._plans: dict[str, StreamedPlan] = {}
+        self._last_value: Value = None
 
     @property
     def tello(self) -> Tello:
@@ -184,12 +185,13 @@ class TelloExecutor:
         as does a failure.
         """
         plan = self._plans.setdefault(request_id, StreamedPlan(self.dispatch))
+        self._last_value = None
 
         def body() -> Value:
             self._take_off_if_landed()
             return plan.feed(text, final).value
 
-        result = run_timed(body)
+        result = run_timed(body, lambda: self._last_value)
         if final or not result.success:
             del self._plans[request_id]
         return result
@@ -199,7 +201,12 @@ class TelloExecutor:
             self.dispatch("takeoff", [])
 
     def dispatch(self, name: str, args: Sequence[Value]) -> Value:
-        """Carry out one skill; SkillFailed with the reason if it cannot."""
+        """Carry out one skill; SkillFailed with the reason if it cannot. Its value is the segment's last value
+        until another call returns (what the robot reports for a segment ending in a blocking call)."""
+        self._last_value = self._carry_out(name, args)
+        return self._last_value
+
+    def _carry_out(self, name: str, args: Sequence[Value]) -> Value:
         if name in _MOTIONS:
             return self._command(name, getattr(self.tello, _MOTIONS[name]), round(number_arg(name, args)))
         if name in _PERCEPTIONS:

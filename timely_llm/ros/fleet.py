@@ -24,6 +24,7 @@ from rclpy.parameter import Parameter
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
 from timely_llm.core.skills import SkillModel
+from timely_llm.errors import RunIncomplete
 from timely_llm.evaluation.metrics import summarize
 from timely_llm.ros.messages import optional_seconds
 from timely_llm.ros.node import TimelyLlmNode, spinning
@@ -80,7 +81,7 @@ def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
               context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
               progress: Callable[[int], None] | None = None, generate: bool = False,
-              max_new_tokens: int = 0, interface: str = "action") -> list[dict]:
+              max_new_tokens: int = 0, interface: str = "action", grace_s: float = RESULT_GRACE_S) -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
     ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
@@ -98,14 +99,24 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
         if not link.wait_for_server():
             raise RuntimeError(f"no timely_llm_server answers on the {interface} interface")
         start, sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
-        deadline = time.monotonic() + RESULT_GRACE_S
-        return [_record(req, outcome.wait(max(0.0, deadline - time.monotonic())), catalog, start)
-                for req, outcome in sent]
+        return [_record(req, outcome, catalog, start) for req, outcome in _ended(sent, grace_s)]
     finally:
         for robot in robots.values():
             robot.close()
         executor.remove_node(node)
         node.destroy_node()
+
+
+def _ended(sent: list, grace_s: float) -> list:
+    """(request, outcome) of every sent request once all ended; RunIncomplete if any is still open after
+    ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    try:
+        return [(req, outcome.wait(max(0.0, deadline - time.monotonic()))) for req, outcome in sent]
+    except TimeoutError:
+        open_ = sum(not outcome.finished.done() for _, outcome in sent)
+        raise RunIncomplete(f"{open_} of {len(sent)} requests had not ended {grace_s:.0f} s after the last arrival: "
+                            "the node cannot keep up with this workload on this machine") from None
 
 
 def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[str, SegmentRunner],
