@@ -244,10 +244,12 @@ def test_resume_after_eviction_reports_it_and_recomputes(engine: VllmEngine, pro
     straight = drive(engine, [replace(victim, gen_id="victim-straight")])
     output = start_then_suspend(engine, victim, 6)
     # Distinct first tokens: no flood prompt shares a cached block with another.
-    # Only full blocks stay cached; vLLM hands out partial ones again first.
+    # Only full blocks stay cached; vLLM hands out partial ones again first. Each flood holds its blocks while it
+    # decodes, so the memory runs out and those still waiting need the paused victim's: it is aborted and its
+    # cached blocks reused.
     per_prompt = len(prompts[2]) // engine.block_size
     floods = [
-        GenerationSpec(f"flood{i}", [10 + i, *prompts[2][1:]], max_new_tokens=1)
+        GenerationSpec(f"flood{i}", [10 + i, *prompts[2][1:]], max_new_tokens=48)
         for i in range(engine.free_kv_blocks() // per_prompt + 4)
     ]
     drive(engine, floods)
