@@ -79,6 +79,40 @@ def robots(link: object) -> Iterator[Callable]:
         robot.close()
 
 
+@pytest.fixture
+def topic_link(session: tuple) -> Iterator:
+    """A TopicPlanLink (task_requests publisher, per-robot topics) on a node of its own."""
+    from rclpy.node import Node
+
+    from timely_llm.ros.topic_client import TopicPlanLink
+
+    context, executor = session
+    node = Node("test_topic_robots", context=context)
+    executor.add_node(node)
+    yield TopicPlanLink(node)
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+@pytest.fixture
+def topic_robots(topic_link: object) -> Iterator[Callable]:
+    """Makes TopicRobotClients on ``topic_link`` executing SimulatedSkills at 0.2x their time."""
+    from timely_llm.core.skills import load_skill_models
+    from timely_llm.ros.robot_client import SimulatedSkills
+    from timely_llm.ros.topic_client import TopicRobotClient
+
+    skills = load_skill_models()
+    made: list[TopicRobotClient] = []
+
+    def make(agent: str, robot: str = "tello", report: bool = True) -> TopicRobotClient:
+        made.append(TopicRobotClient(topic_link, agent, robot, SimulatedSkills(skills[robot], time_scale=0.2), report))
+        return made[-1]
+
+    yield make
+    for robot in made:
+        robot.close()
+
+
 # ----- vllm serve for the remote engine: one server shared by every test of the session -----
 
 @pytest.fixture(scope="session")

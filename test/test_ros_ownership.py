@@ -19,7 +19,6 @@ from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock
 from std_msgs.msg import String
 
-from timely_llm.core.skills import load_skill_models
 from timely_llm.executors.base import SegmentResult
 from timely_llm.ros import agents, throttle
 from timely_llm.ros.fleet import server_node
@@ -28,16 +27,15 @@ from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
 from timely_llm.ros.names import agent_topics, report_topic
 from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
+from timely_llm.ros.robot_client import PlanLink, RobotClient, TaskOutcome
 from timely_llm.ros.throttle import ThrottledLog
-from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient
+from timely_llm.ros.topic_client import TopicPlanLink
 from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
 
 RESULT_TIMEOUT_S = 60.0
 CATALOG = load_catalog()
-SKILLS = load_skill_models()
 SERVER = "timely_llm_server"
 
 
@@ -70,30 +68,6 @@ def other_node(session: tuple) -> Iterator[Node]:
     executor.remove_node(node)
     node.destroy_node()
 
-
-@pytest.fixture
-def topic_link(session: tuple) -> Iterator[TopicPlanLink]:
-    context, executor = session
-    node = Node("topic_robots", context=context)
-    executor.add_node(node)
-    yield TopicPlanLink(node)
-    executor.remove_node(node)
-    node.destroy_node()
-
-
-@pytest.fixture
-def topic_robots(topic_link: TopicPlanLink) -> Iterator[Callable[..., TopicRobotClient]]:
-    """Makes tello TopicRobotClients executing SimulatedSkills at 0.2x their time."""
-    made: list[TopicRobotClient] = []
-
-    def make(agent: str, report: bool = True) -> TopicRobotClient:
-        made.append(TopicRobotClient(topic_link, agent, "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.2),
-                                     report))
-        return made[-1]
-
-    yield make
-    for robot in made:
-        robot.close()
 
 
 # ----- cancel -----

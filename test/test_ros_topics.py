@@ -4,7 +4,7 @@ over real rclpy and Fast DDS on the sim engine, beside robots on the action."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from builtin_interfaces.msg import Duration as DurationMsg
@@ -33,29 +33,6 @@ RESULT_TIMEOUT_S = 60.0
 VLLM_RESULT_TIMEOUT_S = 300.0
 CATALOG = load_catalog()
 SKILLS = load_skill_models()
-
-
-@pytest.fixture
-def topic_link(session: tuple) -> Iterator[TopicPlanLink]:
-    context, executor = session
-    node = Node("test_topic_robots", context=context)
-    executor.add_node(node)
-    yield TopicPlanLink(node)
-    executor.remove_node(node)
-    node.destroy_node()
-
-
-@pytest.fixture
-def topic_robots(topic_link: TopicPlanLink) -> Iterator[Callable[..., TopicRobotClient]]:
-    made: list[TopicRobotClient] = []
-
-    def make(agent: str, robot: str = "tello", report: bool = True) -> TopicRobotClient:
-        made.append(TopicRobotClient(topic_link, agent, robot, SimulatedSkills(SKILLS[robot], time_scale=0.2), report))
-        return made[-1]
-
-    yield make
-    for robot in made:
-        robot.close()
 
 
 class Heard:
