@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from looker_robot import LOOKER
 
 from timely_llm.clock import VirtualClock
 from timely_llm.core.grammar import plan_grammar
@@ -24,15 +25,6 @@ from timely_llm.serving import Driver
 pytestmark = pytest.mark.vllm
 
 VALUE = "on the shelf by the window"
-ROBOT = {
-    "robot": "looker", "language": "calls", "segment": {"max_tokens": 20, "generation_time": 0.1},
-    "skills": [
-        {"abbr": "look_for", "name": "look_for", "args": [{"object": "name"}], "returns": "text", "blocking": True,
-         "description": "look for an object here; tells where it is", "time": {"fixed": 1.0}},
-    ],
-    "prompt": {"intro": "You control a robot that looks for things.", "guidance": "One call per line.",
-               "examples": [{"task": "Find the cup.", "plan": "look_for('cup'); # on the table\nlook_for('lid');"}]},
-}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +40,7 @@ def test_the_value_is_forced_into_the_context_and_the_plan_grammar_goes_on_after
     start = engine.start
     monkeypatch.setattr(engine, "start", lambda spec: (starts.append(spec), start(spec))[1])
     path = tmp_path / "looker.yaml"
-    path.write_text(yaml.safe_dump(ROBOT))
+    path.write_text(yaml.safe_dump(LOOKER))
     robot = load_skill_model(path)
     clock = VirtualClock()
     driver = Driver(clock)

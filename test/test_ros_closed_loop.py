@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from guards import wait_until
+from looker_robot import LOOKER
 
 from timely_llm.executors.base import SegmentResult, run_timed
 from timely_llm.ros.fleet import server_node
@@ -186,18 +187,6 @@ def test_robots_answer_blocking_calls_over_the_action_and_the_topic_on_the_simul
     assert outcomes[valueless].result.reason == "robot reported segment 0 without a value" + waited
     assert outcomes[verbose].result.reason.endswith("more than the 48 of arm's observation.max_tokens" + waited)
     assert max(s.waiting for s in statuses) >= 1
-
-
-LOOKER = {
-    "robot": "looker", "language": "calls", "segment": {"max_tokens": 20, "generation_time": 0.1},
-    "skills": [
-        {"abbr": "look_for", "name": "look_for", "args": [{"object": "name"}], "returns": "text", "blocking": True,
-         "description": "look for an object here; tells where it is", "time": {"fixed": 1.0}},
-    ],
-    "prompt": {"intro": "You control a robot that looks for things.", "guidance": "One call per line.",
-               "examples": [{"task": "Find the cup.", "plan": "look_for('cup'); # on the table\nlook_for('lid');"}]},
-}
-"""A robot of the test's own whose only skill is blocking: every plan waits for a value at its first call."""
 
 
 @pytest.mark.vllm
