@@ -273,6 +273,22 @@ def test_parameters_apply_live_or_are_refused_with_a_reason(session: tuple, link
         assert node.server.policy.name == "fcfs" and node.get_parameter("engine").value == "sim"  # noqa: SLF001
 
 
+@pytest.mark.no_vllm
+def test_a_live_switch_that_would_need_the_engine_restarted_is_refused(session: tuple, link: PlanLink) -> None:
+    """vllm-stream and vllm-priority serve in one mode, but vllm-priority needs the engine's own priority
+    scheduling, set when the engine starts: switched live, the priorities would be dropped, so it is refused."""
+    with server_node(session[1], session[0], policy="vllm-stream") as node:
+        params = AsyncParameterClient(link.node, "/timely_llm_server")
+        assert params.wait_for_services(TIMEOUT_S)
+        refused = answered(params.set_parameters([Parameter("policy", value="vllm-priority")]), TIMEOUT_S,
+                           "policy").results[0]
+        assert not refused.successful
+        assert refused.reason == ("policy: vllm-priority and vllm-stream differ in the engine's own scheduling "
+                                  "(vLLM's scheduling_policy, fixed when the engine starts): set it while the node "
+                                  "is unconfigured")
+        assert node.server.policy.name == "vllm-stream"
+
+
 def test_every_vllm_parameter_is_configure_time() -> None:
     assert when_applied("vllm.gpu_memory_utilization") == when_applied("engine") == "configure-time"
     assert when_applied("tuf.urgent.ert") == when_applied("policy") == "live"

@@ -57,6 +57,9 @@ class LiveParameters:
         if server is not None and _serving_mode(POLICIES[name]) != _serving_mode(server.policy):
             return (f"{name} serves in another mode than {server.policy.name} (segmented, streaming, adaptive "
                     "batch): set it while the node is unconfigured")
+        if server is not None and _engine_priorities(POLICIES[name]) != _engine_priorities(server.policy):
+            return (f"{name} and {server.policy.name} differ in the engine's own scheduling (vLLM's "
+                    "scheduling_policy, fixed when the engine starts): set it while the node is unconfigured")
         return ""
 
     def _apply(self, params: list[Parameter]) -> None:
@@ -88,6 +91,11 @@ def _check_then_apply(check: Callable[[list[Parameter]], SetParametersResult],
     if result.successful:
         apply(params)
     return result
+
+
+def _engine_priorities(policy: ServingPolicy) -> bool:
+    """Whether the engine orders its own queue by the generations' priorities (vllm-priority)."""
+    return policy.priority == "priority"
 
 
 def _serving_mode(policy: ServingPolicy) -> tuple[bool, bool, bool]:

@@ -83,8 +83,8 @@ class ServerLoop:
 
 
 def use_policy(policy: ServingPolicy, server: Server) -> None:
-    """Another policy of the same serving mode: only the queue's order (and vLLM-priority's engine priority) differ,
-    so switching between engine steps is safe for the requests in flight."""
+    """Another policy of the same serving mode and engine scheduling: only the queue's order differs, so switching
+    between engine steps is safe for the requests in flight (LiveParameters refuses the others)."""
     server.policy = policy
     server.queue.policy = make_policy(policy.priority, server.network_latency)
 
