@@ -161,7 +161,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=0,
                    help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
     p.add_argument("--max-batch", type=_positive_int, default=None,
-                   help=f"most generations in one batch (default: vLLM's {DEFAULT_MAX_BATCH}, or less if the engine "
+                   help=f"most generations in one batch (default: {DEFAULT_MAX_BATCH}, or less if the engine "
                         "runs fewer at once: the vLLM engine's max_num_seqs)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")

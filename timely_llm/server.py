@@ -85,7 +85,7 @@ def parts_of(policy: ServingPolicy, features: Features) -> Features:
 MAX_CHARS_PER_TOKEN = 64
 """More characters than any token of a plan model's vocabulary holds: a reported value longer than its token
 limit times this is refused before it is tokenized."""
-DEFAULT_MAX_BATCH = 256  # vLLM's default max_num_seqs: the batch cap of every policy unless one is given
+DEFAULT_MAX_BATCH = 256  # the batch cap of every policy unless one is given (vLLM's own default varies)
 
 
 @dataclass
@@ -482,7 +482,7 @@ def _segment_times(estimator: ExecutionTimeEstimator | None, robots: dict[str, S
 
 
 def _batch_cap(max_batch: int | None, engine: Engine) -> int:
-    """The batch cap: the one asked for (vLLM's default otherwise), at most what the engine runs at once
+    """The batch cap: the one asked for (DEFAULT_MAX_BATCH otherwise), at most what the engine runs at once
     (more would only wait inside the engine, out of our scheduling)."""
     max_batch = max_batch or DEFAULT_MAX_BATCH
     return max_batch if engine.max_batch is None else min(max_batch, engine.max_batch)

@@ -113,7 +113,8 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "skill_models": (SHIPPED, "skill-model YAML files; empty = the shipped ones"),
     "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)}"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
-    "max_batch": (SHIPPED, "maximum batch size; 0 = the policy's default"),
+    "max_batch": (SHIPPED, "maximum batch size; 0 = the engine's (vllm.max_num_seqs or remote.max_num_seqs; 256 "
+                           "on the simulator)"),
     "network_latency": (SHIPPED, "one-way robot<->server latency in seconds; an unstamped SegmentDone was this "
                                   "long on its way"),
     "max_task_chars": (2000, "goals whose task text is longer are rejected"),
