@@ -228,7 +228,8 @@ class Scheduler:
         self.evicted.add(request.id)
 
     def generated(self, request: Request) -> None:
-        """RUNNING -> GENERATED: the plan is complete; the engine forgets the generation."""
+        """RUNNING -> GENERATED: the plan is complete; out of the running set (the server releases it from the
+        engine)."""
         request.advance(Status.GENERATED)
         del self.running[request.id]
 
