@@ -295,24 +295,34 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
         on_killed = sorted(g for g, url in placed.items() if url == killed)
         kept = sorted(g for g, url in placed.items() if url != killed)
         outputs: dict[str, list[int]] = {g: [] for g in specs}
-        for _ in patience(SERVER_PATIENCE_S):  # each has a few tokens
-            for gen_id, tokens in engine.step().new_tokens.items():
+        finished: dict[str, str] = {}
+        # Each of these is suspended at its first token, wherever its server is (one server may stream a whole
+        # plan while the other starts): its KV is then on its server.
+        to_suspend, suspended = {kept[0], *on_killed}, set()
+        for _ in patience(SERVER_PATIENCE_S):
+            out = engine.step()
+            for gen_id, tokens in out.new_tokens.items():
                 outputs[gen_id] += tokens
-            if min(len(t) for t in outputs.values()) >= 3:
+            finished |= out.finished
+            for gen_id in sorted(to_suspend - suspended - set(finished)):
+                if outputs[gen_id]:
+                    engine.suspend(gen_id)
+                    suspended.add(gen_id)
+            if suspended == to_suspend:
                 break
-        engine.suspend(kept[0])
-        engine.suspend(on_killed[0])  # its KV is on the server about to die
+        assert suspended == to_suspend, (suspended, finished)
         engine.start(GenerationSpec(kept[0], prompt, outputs[kept[0]], 40, grammar=grammar))
         assert engine.server_of(kept[0]) == placed[kept[0]]  # resumed where its KV is
+        # A stream open on the server about to die: resumed just before the kill, it cannot end first.
+        engine.start(GenerationSpec(on_killed[1], prompt, outputs[on_killed[1]], 40, grammar=grammar))
 
         second_serve.kill()
         failed: dict[str, str] = {}
-        finished: dict[str, str] = {}
         for _ in patience(SERVER_PATIENCE_S):
             out = engine.step()
             failed |= out.failed
             finished |= out.finished
-            if len(failed) + len(finished) == 3:
+            if len(failed) + len(set(finished) & set(kept)) == 3:
                 break
         assert set(failed) == {on_killed[1]} and killed in failed[on_killed[1]], failed
         assert set(finished) == set(kept), finished  # the other server served on
