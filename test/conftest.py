@@ -1,3 +1,4 @@
+import contextlib
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -46,19 +47,28 @@ def session(ros_domain: int) -> Iterator:
         yield ctx_exec
 
 
+@contextlib.contextmanager
+def _spun_node(session: tuple, name: str) -> Iterator:
+    """A node named ``name`` spun by the session's executor while the block runs."""
+    from rclpy.node import Node
+
+    context, executor = session
+    node = Node(name, context=context)
+    executor.add_node(node)
+    try:
+        yield node
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+
+
 @pytest.fixture
 def link(session: tuple) -> Iterator:
     """A PlanLink (action client + SegmentDone publisher) on a node of its own."""
-    from rclpy.node import Node
-
     from timely_llm.ros.robot_client import PlanLink
 
-    context, executor = session
-    node = Node("test_robots", context=context)
-    executor.add_node(node)
-    yield PlanLink(node)
-    executor.remove_node(node)
-    node.destroy_node()
+    with _spun_node(session, "test_robots") as node:
+        yield PlanLink(node)
 
 
 @pytest.fixture
@@ -82,16 +92,10 @@ def robots(link: object) -> Iterator[Callable]:
 @pytest.fixture
 def topic_link(session: tuple) -> Iterator:
     """A TopicPlanLink (task_requests publisher, per-robot topics) on a node of its own."""
-    from rclpy.node import Node
-
     from timely_llm.ros.topic_client import TopicPlanLink
 
-    context, executor = session
-    node = Node("test_topic_robots", context=context)
-    executor.add_node(node)
-    yield TopicPlanLink(node)
-    executor.remove_node(node)
-    node.destroy_node()
+    with _spun_node(session, "test_topic_robots") as node:
+        yield TopicPlanLink(node)
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ PAUSED = sys.maxsize
 PAUSED_SLOTS = 64
 """vLLM request slots beyond a given ``max_num_seqs``, held by requests paused in place (they compute nothing).
 With none to spare, every newcomer at a full capped batch aborted a paused request and its resume prefilled again:
-273 of 290 resumes at cap 8 in a bursty run, the response time normal robots paid (docs/simulator.md)."""
+229 of 233 resumes at cap 8 in a quiet bursty run, the response time normal robots paid (docs/simulator.md)."""
 
 
 @dataclass
