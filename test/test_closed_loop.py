@@ -163,10 +163,13 @@ def test_the_next_segment_is_generated_after_the_report_from_the_observation(in_
     assert outcome.plan == f"go_to('kitchen');look_for('cup');{observation}say('I found the cup.');go_to('dock');"
     assert outcome.segments[1].observation == observation and outcome.segments[1].waits_for.name == "look_for"
     assert outcome.output_tokens == len(engine.tokenizer.encode(PLAN))  # observations are not generated tokens
-    # the resume prefilled the observation and at most the engine's partial block, by its cache report
-    prefill = outcome.segments[1].resume_prefill
-    assert len(engine.tokenizer.encode(observation)) <= prefill <= len(engine.tokenizer.encode(observation)) + \
-        engine.block_size
+    # by the engine's cache report, the resume prefilled the observation and the call's last token where the
+    # KV was kept in place, else at most the engine's partial block more
+    prefill, observed = outcome.segments[1].resume_prefill, len(engine.tokenizer.encode_continuation(observation))
+    if in_place:
+        assert prefill == observed + 1
+    else:
+        assert observed < prefill <= observed + engine.block_size
     assert server.counters["preemptions"] == 0
 
 

@@ -1,7 +1,7 @@
 """A blocking call on the embedded vLLM engine (SmolLM2: the tiny random model cannot write a plan in a
 grammar of skill names): the robot's value is forced into the context
-exactly, the grammar-constrained plan goes on after it, and the resume prefills only the observation and
-the partial block."""
+exactly, the grammar-constrained plan goes on after it, and the resume, its KV kept in place, prefills only
+the observation and the call's last token."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.skills import load_skill_model
 from timely_llm.core.tuf import NORMAL_TUF
-from timely_llm.engines.base import GenerationSpec
+from timely_llm.engines.base import GenerationSpec, ResumeInfo
 from timely_llm.engines.vllm_engine import VllmEngine
 from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.serving import Driver
@@ -79,5 +79,54 @@ def test_the_value_is_forced_into_the_context_and_the_plan_grammar_goes_on_after
     assert outcome.plan.startswith(first.text + observation)
     # the plan the model wrote around it is one of the robot's grammar
     assert plan_grammar(robot).accepts("".join(s.text for s in outcome.segments))
-    # vLLM's cache report: the resume prefilled the observation and at most the partial block before it
-    assert len(obs_ids) <= first.resume_prefill <= len(obs_ids) + engine.block_size
+    # the paused request went on in place: it prefilled the observation and the call's last token only
+    assert first.resume_prefill == len(obs_ids) + 1
+
+
+def _decode(engine: VllmEngine, gen_id: str, n: int) -> tuple[list[int], ResumeInfo | None]:
+    """Step until ``gen_id`` has ``n`` more tokens (or ends); its tokens and how its start found its context."""
+    tokens: list[int] = []
+    info = None
+    for _ in range(4 * n):
+        out = engine.step()
+        info = info or out.started.get(gen_id)
+        tokens += out.new_tokens.get(gen_id, [])
+        if len(tokens) >= n or gen_id in out.finished:
+            break
+    return tokens[:n], info
+
+
+def _observe_in_place(engine: VllmEngine, spec: GenerationSpec, observation: str) -> tuple[list[int], list[int]]:
+    """Decode ``spec`` 8 tokens, pause it, resume it with ``observation`` after them; return those 8 and the
+    observation's ids, the resumed spec being started."""
+    engine.start(spec)
+    before, _ = _decode(engine, spec.gen_id, 8)
+    engine.suspend(spec.gen_id)
+    engine.step()
+    obs = engine.tokenizer.encode_continuation(observation)
+    engine.start(GenerationSpec(spec.gen_id, spec.prompt_ids, before + obs, spec.max_new_tokens, spec.forced_ids,
+                                observed=((len(before), len(before) + len(obs)),)))
+    return before, obs
+
+
+def test_an_observation_appended_in_place_decodes_as_a_fresh_start_of_the_same_context(engine: VllmEngine) -> None:
+    prompt = engine.tokenizer.encode("A kitchen robot's skills, one per line:\n1.")
+    before, obs = _observe_in_place(engine, GenerationSpec("held", prompt, max_new_tokens=40), " # a red cup\n")
+    after, info = _decode(engine, "held", 10)
+    engine.release("held")
+    assert info is not None and info.context_tokens - info.cached_tokens == len(obs) + 1
+    engine.start(GenerationSpec("fresh", prompt + before + obs, max_new_tokens=10))
+    fresh, _ = _decode(engine, "fresh", 10)
+    engine.release("fresh")
+    assert len(after) == 10 and after == fresh  # greedy: the kept KV and ids are the context's own
+
+
+def test_a_forced_plan_goes_on_with_its_tail_after_an_observation_appended_in_place(engine: VllmEngine) -> None:
+    prompt = engine.tokenizer.encode("Plan:")
+    plan = engine.tokenizer.encode_continuation(" look_for('cup'); pick('cup'); place('cup', 'tray'); done();")
+    before, obs = _observe_in_place(engine, GenerationSpec("forced", prompt, max_new_tokens=40, forced_ids=plan),
+                                    " # here\n")
+    after, info = _decode(engine, "forced", len(plan))
+    engine.release("forced")
+    assert before == plan[:8] and after[: len(plan) - 8] == plan[8:]
+    assert info is not None and info.context_tokens - info.cached_tokens == len(obs) + 1

@@ -8,7 +8,7 @@ from record_checks import check_record
 from timely_llm.cli import main
 from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.base import GenerationSpec
-from timely_llm.engines.block_manager import BlockManager
+from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import BENCH_POLICIES, run_bench
@@ -92,6 +92,35 @@ def test_block_manager_prefix_sharing_and_lru_eviction():
     bm.allocate("c", list(range(100, 116)))  # needs all 4 blocks: evicts the cached ones
     bm.release("c")
     assert bm.allocate("d", list(range(10))) == 0
+
+
+def test_block_manager_appends_all_or_nothing():
+    bm = BlockManager(num_blocks=3, block_size=4)
+    bm.allocate("a", [1, 2, 3])
+    with pytest.raises(OutOfBlocks):
+        bm.append("a", list(range(10)))  # 13 tokens need a fourth block
+    bm.append("a", [4, 5, 6, 7, 8])  # 8 tokens: the append above left nothing behind
+    bm.release("a")
+    assert bm.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 8
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_resume_with_an_observation_prefills_only_it_where_the_kv_was_kept(in_place):
+    engine = SimEngine(load_profile("cpu-2core-smollm2-135m"), suspends_in_place=in_place)
+    prompt, plan = list(range(1000, 1300)), list(range(2000, 2010))
+    engine.start(GenerationSpec("g", prompt, forced_ids=plan))
+    for _ in range(4):
+        engine.step()
+    engine.suspend("g")
+    output, observation = plan[:4], [7, 8, 9]
+    engine.start(GenerationSpec("g", prompt, output + observation, forced_ids=plan, observed=((4, 7),)))
+    step = engine.step()
+    info = step.started["g"]
+    prefilled = info.context_tokens - info.cached_tokens
+    assert info.context_tokens == 307 and step.new_tokens["g"] == [plan[4]]
+    # in place: the call's last token and the observation; dropped: all past the last full block (128 tokens)
+    assert prefilled == (4 if in_place else 307 - 256)
+    assert step.duration == engine.profile.step_time([(prefilled, 307)], [])
 
 
 def test_timelyllm_beats_vllm_on_urgent_utility_in_a_short_wid1():

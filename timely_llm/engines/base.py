@@ -88,6 +88,14 @@ def sampled_ids(output_ids: list[int], observed: tuple[tuple[int, int], ...]) ->
     return kept + output_ids[start:]
 
 
+def appends_observation(spec: GenerationSpec, output_ids: list[int], forced_ids: list[int] | None) -> bool:
+    """``spec`` resumes a generation that had written ``output_ids`` (forcing ``forced_ids``) with an observation
+    written after them, and nothing else changed: an engine that kept its KV need prefill only the observation."""
+    done = len(output_ids)
+    return (bool(spec.observed) and spec.observed[-1] == (done, len(spec.output_ids))
+            and spec.output_ids[:done] == output_ids and spec.forced_ids == forced_ids)
+
+
 @dataclass
 class ResumeInfo:
     """How a (re)started generation's context was restored."""

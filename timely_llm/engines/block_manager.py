@@ -62,8 +62,11 @@ class BlockManager:
         return len(hits) * self.block_size
 
     def append(self, owner: str, token_ids: list[int]) -> None:
-        """Extend ``owner``'s context; registers each block's hash as it fills."""
+        """Extend ``owner``'s context; registers each block's hash as it fills. Raises OutOfBlocks, with nothing
+        appended, when the free blocks are too few for all of ``token_ids``."""
         table = self.tables[owner]
+        if self.blocks_for(self._lengths[owner] + len(token_ids)) - len(table) > len(self._free):
+            raise OutOfBlocks(owner)
         for token in token_ids:
             length = self._lengths[owner]
             if length % self.block_size == 0:

@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput, Tokenizer
+from timely_llm.engines.base import (
+    Engine,
+    EngineRejected,
+    GenerationSpec,
+    KvView,
+    ResumeInfo,
+    StepOutput,
+    Tokenizer,
+    appends_observation,
+)
 from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.hf_tokenizer import model_tokenizer
@@ -27,6 +36,9 @@ class _Generation:
     prefilled: bool = False
     preempted: bool = False
     """Its KV was dropped by a preemption: the next prefill recomputes it."""
+    unwritten: int = 1
+    """Tokens at the end of ``output`` whose KV the next step writes: the last sampled one, and after an
+    observation appended in place the observation too."""
 
     @property
     def context(self) -> list[int]:
@@ -63,6 +75,11 @@ class SimEngine(Engine):
         if paused is not None and paused.output == spec.output_ids:
             self._running[spec.gen_id] = paused
             self._resumed.append(spec.gen_id)
+            return
+        if paused is not None and appends_observation(spec, paused.output, paused.spec.forced_ids):
+            paused.unwritten += len(spec.output_ids) - len(paused.output)
+            paused.spec, paused.output = spec, list(spec.output_ids)
+            self._running[spec.gen_id] = paused
             return
         if paused is not None:
             self._drop(paused)
@@ -109,7 +126,7 @@ class SimEngine(Engine):
     def _drop(self, gen: _Generation) -> None:
         """Suspend by dropping the KV: its blocks stay in the prefix cache until reused."""
         self.blocks.release(gen.spec.gen_id)
-        gen.prefilled = False
+        gen.prefilled, gen.unwritten = False, 1
         self._suspended.add(gen.spec.gen_id)
 
     def _reclaim(self) -> bool:
@@ -152,6 +169,12 @@ class SimEngine(Engine):
                     gen.preempted = False
                     out.recomputed_tokens += info.context_tokens - info.cached_tokens
                 prefills.append((max(info.context_tokens - info.cached_tokens, 1), info.context_tokens))
+            elif gen.unwritten > 1:  # an observation appended in place: prefill it with the call's last token
+                appended = gen.unwritten
+                if not self._grow(gen, preempted):
+                    continue
+                out.started[gen.spec.gen_id] = ResumeInfo(len(gen.context), len(gen.context) - appended)
+                prefills.append((appended, len(gen.context)))
             elif not self._grow(gen, preempted):
                 continue
             else:
@@ -182,17 +205,18 @@ class SimEngine(Engine):
         return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < cacheable)
 
     def _grow(self, gen: _Generation, preempted: dict[str, None]) -> bool:
-        """Write the last token's KV; preempt the newest generation when no block is free."""
+        """Write the unwritten tokens' KV; preempt the newest generation when no block is free."""
         while True:
             try:
-                self.blocks.append(gen.spec.gen_id, [gen.output[-1]])
+                self.blocks.append(gen.spec.gen_id, gen.output[-gen.unwritten:])
+                gen.unwritten = 1
                 return True
             except OutOfBlocks:
                 if self._reclaim():
                     continue
                 victim = self._victim(preempted)
                 self.blocks.release(victim.spec.gen_id)
-                victim.prefilled = False
+                victim.prefilled, victim.unwritten = False, 1
                 victim.preempted = True
                 preempted[victim.spec.gen_id] = None
                 if victim is gen:
@@ -217,3 +241,4 @@ class SimEngine(Engine):
         out.new_tokens[spec.gen_id] = [token]
         if position + 1 >= spec.max_new_tokens:
             out.finished[spec.gen_id] = "length"
+

@@ -3,8 +3,10 @@
 Suspending pauses the vLLM request where it is: it stays in vLLM's running list with
 its KV blocks, grammar state and token ids, but vLLM's scheduler skips it (its
 ``next_decode_eligible_step`` is set past any step), so a resume decodes on at once
-with nothing prefilled again. Where a newcomer needs the memory or the batch slot a
-paused request holds, or vLLM preempts it, the oldest paused request is aborted
+with nothing prefilled again. A resume that appends an observation to a paused request (a blocking
+skill's value) continues vLLM's request as a streaming-input session: its KV stays, and vLLM prefills
+the observation and the call's last token, whose KV the pause never wrote. Where a newcomer needs the
+memory or the batch slot a paused request holds, or vLLM preempts it, the oldest paused request is aborted
 instead: its full KV blocks stay in vLLM's prefix cache (until evicted), and
 resuming it with prompt + generated ids prefills only the tail. vLLM gets
 ``PAUSED_SLOTS`` request slots beyond the batch cap (``max_num_seqs``) for paused
@@ -29,7 +31,7 @@ from typing import Any
 from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import RequestStatus, StreamingUpdate
 
 from timely_llm.engines.base import (
     Engine,
@@ -38,6 +40,7 @@ from timely_llm.engines.base import (
     KvView,
     ResumeInfo,
     StepOutput,
+    appends_observation,
 )
 from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
 from timely_llm.engines.hf_tokenizer import HfTokenizer
@@ -66,13 +69,14 @@ class _Generation:
     """vLLM's preemptions of the live request seen so far."""
     paused: Any = None
     """The live vLLM request while suspended in place (its KV kept), else None."""
-    resumed_in_place: bool = False
+    kept_tokens: int | None = None
+    """Context tokens whose KV a resume in place kept, until its first output reports them."""
 
     def resume_info(self, cached: int, block_size: int) -> ResumeInfo:
         """How this start found its context, vLLM having served ``cached`` tokens from its prefix cache."""
-        if self.resumed_in_place:
-            self.resumed_in_place = False
-            return ResumeInfo(self.context_tokens, self.context_tokens, False)
+        if self.kept_tokens is not None:
+            kept, self.kept_tokens = self.kept_tokens, None
+            return ResumeInfo(self.context_tokens, kept, False)
         # vLLM always recomputes the last context token, so a full hit covers the
         # full blocks of context_tokens - 1.
         expected = (self.context_tokens - 1) // block_size * block_size
@@ -129,6 +133,9 @@ class VllmEngine(Engine):
         if gen is not None and gen.paused is not None:
             if gen.output_ids == spec.output_ids and gen.spec.forced_ids == spec.forced_ids:
                 self._unpause(gen)
+                return
+            if appends_observation(spec, gen.output_ids, gen.spec.forced_ids):
+                self._append_in_place(gen, spec)
                 return
             self._stop_request(gen)
         if gen is not None and gen.request_id is not None:
@@ -257,13 +264,40 @@ class VllmEngine(Engine):
         self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params,
                                  priority=priority if self._priority_scheduling else 0)
 
-    def _unpause(self, gen: _Generation) -> None:
-        gen.paused.next_decode_eligible_step = 0
-        gen.paused = None
+    def _unpause(self, gen: _Generation) -> Any:
+        """Let vLLM schedule ``gen``'s paused request again; return it."""
+        request, gen.paused = gen.paused, None
+        request.next_decode_eligible_step = 0
         del self._paused[gen.spec.gen_id]
         gen.context_tokens = len(gen.spec.prompt_ids) + len(gen.output_ids)
         gen.awaiting_first_output = True
-        gen.resumed_in_place = True
+        gen.kept_tokens = gen.context_tokens
+        return request
+
+    def _append_in_place(self, gen: _Generation, spec: GenerationSpec) -> None:
+        """Resume ``gen``'s paused request with ``spec``'s observation after its output, its KV kept. vLLM's
+        streaming-input update drops the last sampled token (its KV unwritten) and appends the given ids as
+        prompt, so they are the call's last token and the observation; the grammar matcher, which never saw
+        the observation, goes on from the plan text."""
+        context = spec.prompt_ids + spec.output_ids
+        max_tokens = self._check_startable(spec, context)
+        request = self._unpause(gen)
+        scheduler = self._scheduler()
+        scheduler.running.remove(request)
+        self._make_room(self.blocks_for(len(context) + 1) - self.blocks_for(request.num_tokens))
+        last_sampled = request.all_token_ids[request.num_computed_tokens:]
+        params = request.sampling_params.clone()
+        params.max_tokens = max_tokens
+        forced = _forced_tail(spec, self.tokenizer.eos_token_id)
+        if forced is not None:
+            params.extra_args = {**(params.extra_args or {}), FORCED_KEY: forced}
+        appended = last_sampled + spec.output_ids[len(gen.output_ids):]
+        update = StreamingUpdate(mm_features=None, prompt_token_ids=appended, max_tokens=max_tokens,
+                                 arrival_time=time.time(), sampling_params=params)
+        scheduler._update_request_as_session(request, update)
+        scheduler._enqueue_waiting_request(request)
+        gen.kept_tokens = request.num_computed_tokens
+        gen.spec, gen.output_ids, gen.context_tokens = spec, list(spec.output_ids), len(context)
 
     def _make_room(self, blocks: int, slot: bool = False) -> None:
         """Abort paused requests, oldest first, until ``blocks`` are free (and with ``slot``, vLLM's
@@ -417,6 +451,7 @@ def _offloading_args(gib: float | None) -> dict[str, Any]:
     if "kv_offloading_size" not in {f.name for f in dataclasses.fields(EngineArgs)}:
         raise ValueError("this vLLM version has no KV offloading (kv_offloading_size)")
     return {"kv_offloading_size": gib}
+
 
 
 def _forced_tail(spec: GenerationSpec, eos: int) -> list[int] | None:
