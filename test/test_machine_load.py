@@ -34,6 +34,21 @@ def test_between_takes_our_tree_out_of_what_every_process_spent() -> None:
     assert (got.seconds, got.ours_cores, got.others_cores) == (10.0, pytest.approx(0.8), pytest.approx(1.0))
 
 
+def test_a_neighbour_busy_for_part_of_a_run_shows_as_its_busiest_stretch() -> None:
+    # a 60 s run sampled every second; other processes kept both cores busy from 10 s to 15 s only
+    samples = [CpuSample(t, 2.0 * (min(max(t, 10), 15) - 10) + 0.5 * t, 0.5 * t) for t in range(1, 60)]
+    got = MachineLoad.between(CpuSample(0.0, 0.0, 0.0), CpuSample(60.0, 40.0, 30.0), 2, 1.0, samples)
+    assert got.others_cores == pytest.approx(10 / 60) and got.others_peak_cores == pytest.approx(2.0)
+    assert "at most 2.00 over 5 s" in got.describe()
+    assert MachineLoad.from_json(got.to_json()) == MachineLoad(60.0, 0.167, 0.5, 2, 1.0, 2.0)
+    # a run shorter than the stretch: its whole span; no samples: not reported
+    short = MachineLoad.between(CpuSample(0.0, 0.0, 0.0), CpuSample(2.0, 3.0, 1.0), 2, 1.0, [])
+    assert short.others_peak_cores == pytest.approx(1.0)
+    unsampled = MachineLoad.between(CpuSample(0.0, 0.0, 0.0), CpuSample(2.0, 3.0, 1.0), 2, 1.0)
+    assert unsampled.others_peak_cores is None and "at most" not in unsampled.describe()
+    assert "others_peak_cores" not in unsampled.to_json()
+
+
 def test_comparable_loads_give_a_verdict_and_swamping_ones_do_not() -> None:
     assert load_verdict({"timelyllm": load(0.3), "vllm": load(0.45)}) is None
     refusal = load_verdict({"timelyllm": load(1.6), "vllm-stream": load(0.9), "vllm": load(0.2)})
@@ -59,8 +74,8 @@ def test_verdict_lines_compare_the_first_policy_with_each_other_one_only_on_comp
 
 
 def test_rounds_combine_weighted_by_their_seconds() -> None:
-    got = combined([MachineLoad(10.0, 1.0, 0.5, 2, 0.4), MachineLoad(30.0, 0.2, 1.0, 2, 1.7)])
-    assert (got.seconds, got.loadavg) == (40.0, 1.7)
+    got = combined([MachineLoad(10.0, 1.0, 0.5, 2, 0.4, 1.8), MachineLoad(30.0, 0.2, 1.0, 2, 1.7, 0.6)])
+    assert (got.seconds, got.loadavg, got.others_peak_cores) == (40.0, 1.7, 1.8)
     assert got.others_cores == pytest.approx(0.4) and got.ours_cores == pytest.approx(0.875)
 
 
@@ -78,3 +93,4 @@ def test_a_child_counts_as_ours_and_an_orphaned_process_as_another_one() -> None
             time.sleep(0.05)
     assert meter.load.others_cores * meter.load.seconds >= 0.5
     assert meter.load.ours_cores * meter.load.seconds < 0.5
+    assert meter.load.others_peak_cores >= meter.load.others_cores  # sampled through the block

@@ -3,13 +3,15 @@
 A real-time comparison of policies runs them one after the other on a machine others may use too. What
 the other processes took is the CPU time all processes spent (``/proc/stat``) less what this process and
 its descendants spent (``/proc/PID/stat``, reaped children included): a policy whose run shared the cores
-with a busy neighbour looks slower for that alone. ``load_verdict`` says when the runs' loads differ enough
-to swamp the difference between policies.
+with a busy neighbour looks slower for that alone. It is sampled every second through the run too, so that
+a neighbour busy for part of it, which hides in the mean, shows as the busiest stretch. ``load_verdict``
+says when the runs' loads differ enough to swamp the difference between policies.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +24,10 @@ SWAMPING_SHARE = 0.1
 ``SWAMPING_CORES``) are not compared: on a 2-core machine 0.25-0.4 of a core more for the neighbours went
 with 2.5-7x longer decode steps of vLLM CPU (its OpenMP threads wait for each other)."""
 SWAMPING_CORES = 0.2
+SAMPLE_EVERY = 1.0
+"""Seconds between the samples taken through a run."""
+PEAK_WINDOW = 5.0
+"""The stretch over which other processes' busiest CPU is reported."""
 
 
 @dataclass(frozen=True)
@@ -43,21 +49,26 @@ class MachineLoad:
     cores: int
     loadavg: float
     """1-minute load average at the run's end."""
+    others_peak_cores: float | None = None
+    """Other processes' cores over their busiest ``PEAK_WINDOW`` of the run; None where not sampled."""
 
     @classmethod
-    def between(cls, start: CpuSample, end: CpuSample, cores: int, loadavg: float) -> MachineLoad:
-        seconds = max(end.at - start.at, 1e-9)
-        ours = max(end.ours - start.ours, 0.0)
-        others = max(end.busy - start.busy - ours, 0.0)
-        return cls(seconds, others / seconds, ours / seconds, cores, loadavg)
+    def between(cls, start: CpuSample, end: CpuSample, cores: int, loadavg: float,
+                samples: list[CpuSample] | None = None) -> MachineLoad:
+        """The load from ``start`` to ``end``; with the ``samples`` taken between them, its busiest stretch too."""
+        peak = max(_others_cores(a, b) for a, b in _windows([start, *samples, end])) if samples is not None else None
+        return cls(max(end.at - start.at, 1e-9), _others_cores(start, end), _ours_cores(start, end), cores, loadavg,
+                   peak)
 
     def describe(self) -> str:
-        return (f"other processes kept {self.others_cores:.2f} of {self.cores} cores busy, ours "
+        peak = f", at most {self.others_peak_cores:.2f} over {PEAK_WINDOW:.0f} s" if self.others_peak_cores else ""
+        return (f"other processes kept {self.others_cores:.2f} of {self.cores} cores busy{peak}, ours "
                 f"{self.ours_cores:.2f} (load average {self.loadavg:.1f}, {self.seconds:.0f} s)")
 
     def to_json(self) -> dict:
+        peak = {} if self.others_peak_cores is None else {"others_peak_cores": round(self.others_peak_cores, 3)}
         return {"seconds": round(self.seconds, 2), "others_cores": round(self.others_cores, 3),
-                "ours_cores": round(self.ours_cores, 3), "cores": self.cores, "loadavg": self.loadavg}
+                "ours_cores": round(self.ours_cores, 3), "cores": self.cores, "loadavg": self.loadavg} | peak
 
     @classmethod
     def from_json(cls, data: dict) -> MachineLoad:
@@ -77,6 +88,26 @@ def load_verdict(loads: Mapping[str, MachineLoad]) -> str | None:
     return (f"no verdict: other processes kept {loads[busiest].others_cores:.2f} cores busy during {busiest}'s run "
             f"but {loads[quietest].others_cores:.2f} during {quietest}'s, enough to swamp the difference between "
             "policies; rerun on a quiet machine, or with --rounds 2 or more so each policy sees the same machine")
+
+
+def _ours_cores(start: CpuSample, end: CpuSample) -> float:
+    return max(end.ours - start.ours, 0.0) / max(end.at - start.at, 1e-9)
+
+
+def _others_cores(start: CpuSample, end: CpuSample) -> float:
+    others = end.busy - start.busy - max(end.ours - start.ours, 0.0)
+    return max(others, 0.0) / max(end.at - start.at, 1e-9)
+
+
+def _windows(samples: list[CpuSample]) -> Iterator[tuple[CpuSample, CpuSample]]:
+    """Each sample with the first at least ``PEAK_WINDOW`` after it (the whole span, if shorter)."""
+    later = 0
+    for first in samples:
+        while later < len(samples) - 1 and samples[later].at - first.at < PEAK_WINDOW:
+            later += 1
+        yield first, samples[later]
+        if samples[later].at - first.at < PEAK_WINDOW:
+            return
 
 
 def cpu_sample() -> CpuSample:
@@ -123,22 +154,37 @@ class LoadMeter:
 
 @contextmanager
 def measured() -> Iterator[LoadMeter]:
-    """``with measured() as meter: ...``, then ``meter.load`` is the machine's load over the block."""
+    """``with measured() as meter: ...``, then ``meter.load`` is the machine's load over the block, sampled
+    every ``SAMPLE_EVERY`` s by a thread."""
     meter = LoadMeter()
-    start = cpu_sample() if (PROC / "stat").exists() else None
+    if not (PROC / "stat").exists():
+        yield meter
+        return
+    start, samples, done = cpu_sample(), [], threading.Event()
+    sampler = threading.Thread(target=_sample_until, args=(done, samples), name="machine-load", daemon=True)
+    sampler.start()
     try:
         yield meter
     finally:
-        if start is not None:
-            meter.load = MachineLoad.between(start, cpu_sample(), os.cpu_count() or 1, os.getloadavg()[0])
+        done.set()
+        sampler.join()
+        meter.load = MachineLoad.between(start, cpu_sample(), os.cpu_count() or 1, os.getloadavg()[0], samples)
+
+
+def _sample_until(done: threading.Event, samples: list[CpuSample]) -> None:
+    while not done.wait(SAMPLE_EVERY):
+        samples.append(cpu_sample())
 
 
 def combined(loads: list[MachineLoad]) -> MachineLoad:
-    """Several runs of one policy as one: cores weighted by each run's seconds, the highest load average."""
+    """Several runs of one policy as one: cores weighted by each run's seconds, the highest load average and
+    busiest stretch."""
     seconds = sum(load.seconds for load in loads)
+    peaks = [load.others_peak_cores for load in loads if load.others_peak_cores is not None]
     return MachineLoad(seconds, sum(load.others_cores * load.seconds for load in loads) / seconds,
                        sum(load.ours_cores * load.seconds for load in loads) / seconds,
-                       max(load.cores for load in loads), max(load.loadavg for load in loads))
+                       max(load.cores for load in loads), max(load.loadavg for load in loads),
+                       max(peaks) if peaks else None)
 
 
 def verdict_lines(summaries: Mapping[str, dict], loads: Mapping[str, MachineLoad]) -> list[str]:
