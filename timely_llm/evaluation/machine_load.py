@@ -61,8 +61,9 @@ class MachineLoad:
                    peak)
 
     def describe(self) -> str:
-        peak = f", at most {self.others_peak_cores:.2f} over {PEAK_WINDOW:.0f} s" if self.others_peak_cores else ""
-        return (f"other processes kept {self.others_cores:.2f} of {self.cores} cores busy{peak}, ours "
+        peak = self.others_peak_cores
+        peak_text = "" if peak is None else f", at most {peak:.2f} over {PEAK_WINDOW:.0f} s"
+        return (f"other processes kept {self.others_cores:.2f} of {self.cores} cores busy{peak_text}, ours "
                 f"{self.ours_cores:.2f} (load average {self.loadavg:.1f}, {self.seconds:.0f} s)")
 
     def to_json(self) -> dict:
