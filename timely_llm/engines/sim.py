@@ -241,4 +241,3 @@ class SimEngine(Engine):
         out.new_tokens[spec.gen_id] = [token]
         if position + 1 >= spec.max_new_tokens:
             out.finished[spec.gen_id] = "length"
-
