@@ -1,9 +1,9 @@
-import contextlib
 import random
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from spun_nodes import spun_node
 
 _ROS_DOMAINS = random.SystemRandom()
 
@@ -47,27 +47,12 @@ def session(ros_domain: int) -> Iterator:
         yield ctx_exec
 
 
-@contextlib.contextmanager
-def _spun_node(session: tuple, name: str) -> Iterator:
-    """A node named ``name`` spun by the session's executor while the block runs."""
-    from rclpy.node import Node
-
-    context, executor = session
-    node = Node(name, context=context)
-    executor.add_node(node)
-    try:
-        yield node
-    finally:
-        executor.remove_node(node)
-        node.destroy_node()
-
-
 @pytest.fixture
 def link(session: tuple) -> Iterator:
     """A PlanLink (action client + SegmentDone publisher) on a node of its own."""
     from timely_llm.ros.robot_client import PlanLink
 
-    with _spun_node(session, "test_robots") as node:
+    with spun_node(session, "test_robots") as node:
         yield PlanLink(node)
 
 
@@ -94,7 +79,7 @@ def topic_link(session: tuple) -> Iterator:
     """A TopicPlanLink (task_requests publisher, per-robot topics) on a node of its own."""
     from timely_llm.ros.topic_client import TopicPlanLink
 
-    with _spun_node(session, "test_topic_robots") as node:
+    with spun_node(session, "test_topic_robots") as node:
         yield TopicPlanLink(node)
 
 

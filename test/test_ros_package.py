@@ -28,6 +28,7 @@ from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import QoSProfile
 from rosgraph_msgs.msg import Clock
+from spun_nodes import spun_node
 
 from timely_llm.core.skills import load_skill_models
 from timely_llm.ros.diagnostics import Snapshot, level_of
@@ -50,18 +51,6 @@ TIMEOUT_S = 60.0
 ANSWER_S = 2.0
 """The acceptance bound: a lifecycle or parameter query answers within this while the engine loads."""
 TELLO_TRACE = 1
-
-
-@contextmanager
-def client_node(session: tuple, name: str = "package_test", namespace: str = "") -> Iterator[Node]:
-    context, executor = session
-    node = Node(name, namespace=namespace, context=context)
-    executor.add_node(node)
-    try:
-        yield node
-    finally:
-        executor.remove_node(node)
-        node.destroy_node()
 
 
 def answered(future: object, timeout_s: float, what: str) -> object:
@@ -105,7 +94,7 @@ def test_lifecycle_and_parameter_services_answer_while_the_engine_loads(session:
     node = SlowLoadNode(loaded, context=context)
     executor.add_node(node)
     try:
-        with client_node(session) as client:
+        with spun_node(session, "package_test") as client:
             wait_until(lambda: node.lifecycle_state == "configuring", TIMEOUT_S, "autostart's configure")
             for _ in range(3):  # each answered within ANSWER_S while the load goes on
                 assert _state(client, "/timely_llm_server") == "configuring"
@@ -130,7 +119,8 @@ def test_a_configure_requested_over_the_service_leaves_a_single_threaded_executo
     loaded = threading.Event()
     node = SlowLoadNode(loaded, context=context, parameter_overrides=[Parameter("autostart", value=False)])
     try:
-        with spinning(context, threads=NODE_EXECUTOR_THREADS) as own_executor, client_node(session) as client:
+        with spinning(context, threads=NODE_EXECUTOR_THREADS) as own_executor, \
+                spun_node(session, "package_test") as client:
             assert isinstance(own_executor, SingleThreadedExecutor)
             own_executor.add_node(node)
             change = client.create_client(ChangeState, "/timely_llm_server/change_state")
@@ -332,7 +322,7 @@ def test_two_namespaced_nodes_serve_their_own_fleets_at_once(session: tuple) -> 
     context, executor = session
     with server_node(executor, context, namespace="fleet_a", policy="fcfs") as a, \
             server_node(executor, context, namespace="fleet_b", policy="edf") as b, \
-            client_node(session, "robots", "fleet_a") as node_a, client_node(session, "robots", "fleet_b") as node_b:
+            spun_node(session, "robots", "fleet_a") as node_a, spun_node(session, "robots", "fleet_b") as node_b:
         fleets = {"fleet_a": PlanLink(node_a), "fleet_b": PlanLink(node_b)}
         made = [RobotClient(link, f"{ns}_tello_{i}", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
                 for ns, link in fleets.items() for i in range(2)]
