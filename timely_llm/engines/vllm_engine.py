@@ -453,7 +453,6 @@ def _offloading_args(gib: float | None) -> dict[str, Any]:
     return {"kv_offloading_size": gib}
 
 
-
 def _forced_tail(spec: GenerationSpec, eos: int) -> list[int] | None:
     """The plan's ids not generated yet, then EOS; None when not forcing."""
     if spec.forced_ids is None:
