@@ -123,6 +123,22 @@ def test_a_resume_with_an_observation_prefills_only_it_where_the_kv_was_kept(in_
     assert step.duration == engine.profile.step_time([(prefilled, 307)], [])
 
 
+def test_a_resume_whose_observation_fills_a_block_is_no_eviction():
+    engine = SimEngine(load_profile("cpu-2core-smollm2-135m"))  # drops a suspended generation's KV
+    prompt, plan = list(range(1000, 1250)), list(range(2000, 2010))
+    engine.start(GenerationSpec("g", prompt, forced_ids=plan))
+    for _ in range(4):
+        engine.step()
+    engine.suspend("g")  # KV written for 253 tokens: one full 128-token block
+    engine.start(GenerationSpec("g", prompt, plan[:4] + [7, 8, 9], forced_ids=plan, observed=((4, 7),)))
+    info = engine.step().started["g"]
+    assert (info.context_tokens, info.cached_tokens, info.evicted) == (257, 128, False)
+    engine.suspend("g")  # now with the observation's KV written: its block is cached too
+    engine.start(GenerationSpec("g", prompt, plan[:4] + [7, 8, 9, plan[4]], forced_ids=plan, observed=((4, 7),)))
+    info = engine.step().started["g"]
+    assert (info.cached_tokens, info.evicted) == (256, False)
+
+
 def test_timelyllm_beats_vllm_on_urgent_utility_in_a_short_wid1():
     workload = generate(WorkloadSpec("wid1-short", 0.5, 8, tuple(range(1, 9)), 25, 60.0), CATALOG, SKILLS, 0)
     util = {p: run_bench(workload, p, PROFILE, SKILLS, CATALOG)["summary"]["urgent"]["mean_utility"]

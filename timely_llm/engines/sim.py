@@ -45,6 +45,15 @@ class _Generation:
         return self.spec.prompt_ids + self.output
 
 
+def _just_observed(gen: _Generation) -> int:
+    """Tokens of an observation that ends ``gen``'s output: appended since its KV was last written."""
+    observed = gen.spec.observed
+    if not observed or observed[-1][1] != len(gen.output):
+        return 0
+    begin, end = observed[-1]
+    return end - begin
+
+
 def zero_time(profile: HardwareProfile) -> HardwareProfile:
     """``profile`` with steps that take no time (same KV memory): what a run then costs is the serving
     loop's own work, with the engine's bookkeeping."""
@@ -198,9 +207,9 @@ class SimEngine(Engine):
                     return None  # waits for memory; the batch controller normally prevents this
         gen.prefilled = True
         # Like vLLM, the last token is always computed to produce logits, and the last sampled
-        # token of a suspended generation never had its KV written: only full blocks of the
-        # context before it can hit.
-        cacheable = ((len(context) - 1) // self.block_size) * self.block_size
+        # token of a suspended generation never had its KV written, nor an observation appended after it:
+        # only full blocks of the context before them can hit.
+        cacheable = ((len(context) - 1 - _just_observed(gen)) // self.block_size) * self.block_size
         cached = min(cached, len(context) - 1)
         return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < cacheable)
 
