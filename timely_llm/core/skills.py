@@ -28,6 +28,7 @@ grammar, prompt, stop-checker and time estimates.
 
 from __future__ import annotations
 
+import copy
 import random
 import re
 from dataclasses import dataclass
@@ -158,6 +159,13 @@ class SkillModel:
         self._call_re = _call_regex(skills) if skills else None
         self.has_blocking = any(s.blocking for s in skills)
         """Some skill is blocking: a plan may wait for a value."""
+
+    def served_open_loop(self) -> SkillModel:
+        """This robot, prompt and all, its blocking skills served as any other: the plan goes on without their
+        values (the closed-loop benchmark's baseline; what a server that streams each plan whole can serve)."""
+        served = copy.copy(self)
+        served.has_blocking = False
+        return served
 
     def prompt_text(self, task: str) -> str:
         """The exact text the model is asked to continue for ``task``."""

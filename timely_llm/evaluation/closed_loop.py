@@ -18,7 +18,6 @@ idle from its report); the tokens prefilled per resume after a value (the engine
 
 from __future__ import annotations
 
-import copy
 import random
 import statistics
 import zlib
@@ -64,16 +63,9 @@ def run_mode(mode: str, tasks: ClosedLoopTasks, workload: Workload, setup: Engin
     """Serve ``workload`` one of the ``MODES`` ways; one record per task."""
     if mode == "resend":
         return _resend(tasks, workload, setup, seed, policy)
-    robots = dict(tasks.robots) if mode == "waiting-queue" else {n: _open_loop(r) for n, r in tasks.robots.items()}
+    robots = {n: r if mode == "waiting-queue" else r.served_open_loop() for n, r in tasks.robots.items()}
     result = run_bench(workload, policy, setup, robots, tasks.catalog, seed, values=tasks.values)
     return [_node_record(r, tasks) for r in result["requests"]]
-
-
-def _open_loop(robot: SkillModel) -> SkillModel:
-    """``robot`` with the same prompt, its blocking skills served as any other."""
-    served = copy.copy(robot)
-    served.has_blocking = False
-    return served
 
 
 def _node_record(record: dict, tasks: ClosedLoopTasks) -> TaskRecord:
