@@ -156,11 +156,14 @@ def test_deferral_waits_for_k_departures_under_backlog_only():
 
 
 def deferral_server(max_batch: int = 8) -> tuple[Server, Driver, SimEngine]:
+    """A server on a profile with a prefill stall; its arm served open-loop, so that an arm plan decodes on
+    through its scans."""
     engine = SimEngine(STALLED)
     clock = VirtualClock()
     driver = Driver(clock)
-    robots = SimulatedRobots(SKILLS, 0.008, 0, driver.at)
-    server = Server(engine, SKILLS, POLICIES["timelyllm"], clock, 0.008, max_batch, on_segment=robots.on_segment,
+    skills = {**SKILLS, "arm": SKILLS["arm"].served_open_loop()}
+    robots = SimulatedRobots(skills, 0.008, 0, driver.at)
+    server = Server(engine, skills, POLICIES["timelyllm"], clock, 0.008, max_batch, on_segment=robots.on_segment,
                     features=Features(deferred_prefill=True), estimator=ExecutionTimeEstimator.from_profile(STALLED))
     return server, driver, engine
 
@@ -180,7 +183,7 @@ def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_
     k = server.scheduler.deferral.threshold
     assert 1 < k < 8  # a stall of one step intercept is worth batching
     arm_traces = [t for t in sorted(CATALOG.traces) if CATALOG[t].robot == "arm"]
-    for i in range(5):  # long arm plans keep the batch decoding
+    for i in range(5):  # long arm plans keep the batch decoding (served open-loop, see deferral_server)
         submit_at(driver, engine, f"busy{i}", arm_traces[i % len(arm_traces)], 0.0)
     for i in range(k):
         submit_at(driver, engine, f"late{i}", 1, 0.3)

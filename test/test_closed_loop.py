@@ -208,8 +208,9 @@ def test_a_flood_of_a_value_is_refused_before_it_is_tokenized() -> None:
 def test_a_robot_that_never_answers_is_ended_by_the_watchdog_and_the_others_go_on() -> None:
     arm_plan = "scan('cup');goto('cup');pick('cup');goto('shelf');drop('shelf');"
     plans = [("silent", "mobile_base", PLAN), ("other", "mobile_base", PLAN), ("arm", "arm", arm_plan)]
-    alone = serve(plans[1:], {"other": VALUE})[3]
-    server, _, _, ended = serve(plans, {"other": VALUE}, until=60.0)
+    answers = {"other": VALUE, "arm": "true"}  # the arm waits for its scan too
+    alone = serve(plans[1:], answers)[3]
+    server, _, _, ended = serve(plans, answers, until=60.0)
     assert set(ended) == {"other", "arm"}  # the silent robot's goal waits, holding nothing back
     assert server.requests["silent"].status is Status.BLOCKED
     for rid in ("other", "arm"):

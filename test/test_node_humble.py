@@ -157,5 +157,6 @@ def test_serves_free_text_goals_from_a_remote_server_without_vllm_or_torch(ros_d
     for robot, outcome in sent.items():
         assert outcome.status == "succeeded", (robot, outcome.result.reason)
         plan = "".join(s.text for s in outcome.segments)
-        assert outcome.result.num_segments == len(outcome.segments) >= 1 and plan == outcome.result.plan
+        assert outcome.result.num_segments == len(outcome.segments) >= 1
+        assert plan == models[robot].without_observations(outcome.result.plan)  # the arm's scan answers shown
         assert plan_grammar(models[robot]).accepts(plan), plan

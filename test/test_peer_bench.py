@@ -15,6 +15,8 @@ from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.evaluation.peer_bench import (
     FLOOR,
+    EngineConfig,
+    PeerBench,
     Run,
     RunRecord,
     _chunk,
@@ -65,6 +67,14 @@ def test_floor_has_one_request_per_task(catalog) -> None:
     workload = generate_peer(PEER_WORKLOADS["contended"], catalog, seed=0)
     floor = floor_requests(workload)
     assert sorted(r.trace for r in floor) == sorted({r.trace for r in workload.requests})
+
+
+def test_both_sides_serve_the_arms_blocking_scan_open_loop(catalog) -> None:
+    skills = load_skill_models()
+    bench = PeerBench(EngineConfig("smollm2", "/nowhere", None), [], skills, catalog)
+    assert skills["arm"].blocking_call("scan('cup');") is not None  # the shipped arm waits for its scan
+    assert bench.skills["arm"].blocking_call("scan('cup');") is None  # a streamed completion cannot
+    assert bench.skills["arm"].system_prompt == skills["arm"].system_prompt
 
 
 def test_robot_times_match_the_simulated_robots() -> None:

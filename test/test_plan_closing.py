@@ -68,12 +68,12 @@ def replay_every_prefix(model: SkillModel, plan_ids: list[int], tokenizer: SimTo
     """The segments dispatched when the plan is generated with each budget 1..len(plan_ids) (all at once)."""
     engine = SimEngine(zero_time(load_profile("rtx4090-llama3-8b")), tokenizer)
     segments: dict[str, list[str]] = {}
-    reports: list[tuple[str, int]] = []
+    reports: list[tuple[str, int, SkillCall | None]] = []
     finished: list[str] = []
 
     def dispatched(request, segment) -> None:
         segments[request.id].append(segment.text)
-        reports.append((request.id, segment.index))
+        reports.append((request.id, segment.index, segment.waits_for))
 
     server = Server(engine, {model.robot: model}, POLICIES[policy], VirtualClock(), network_latency=0.0,
                     on_segment=dispatched, on_finish=lambda r: finished.append(r.id))
@@ -84,8 +84,9 @@ def replay_every_prefix(model: SkillModel, plan_ids: list[int], tokenizer: SimTo
                                   max_new_tokens=budget, forced_ids=plan_ids))
     while len(finished) < len(plan_ids):
         assert server.step() or reports, "the server stalled"
-        while reports:  # robots execute instantly
-            server.segment_done(*reports.pop(0), 0.0, 0.0)
+        while reports:  # robots execute instantly, answering a blocking call (the arm's scan)
+            rid, index, waits_for = reports.pop(0)
+            server.segment_done(rid, index, 0.0, 0.0, result=None if waits_for is None else "true")
     return {int(k): v for k, v in segments.items()}
 
 

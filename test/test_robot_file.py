@@ -1,7 +1,8 @@
 """A robot type is one YAML file: skills, time models, descriptions, guidance and worked examples.
 
 The prompt, the grammar, the stop-checker and the time estimates all come from it; the shipped
-Tello's and arm's prompts are the ones the paper's LRTrace figures were measured with.
+Tello's prompt is the one the paper's LRTrace figures were measured with, and the arm's is too but for its
+blocking scan.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import load_skill_model, load_skill_models, skill_model_dir
+from timely_llm.core.skills import SkillModel, load_skill_model, load_skill_models, skill_model_dir
 from timely_llm.errors import ConfigError
 from timely_llm.executors.minispec import SkillFailed
 from timely_llm.executors.mobile_base import SimulatedMobileBase
@@ -27,6 +28,11 @@ MEASURED_SYSTEM_PROMPTS = {  # sha256 and length of lrtrace.yaml's system_prompt
 }
 MEASURED_TRACE_PROMPTS = "b315e0b3742ba3389a24aec0a75fe2e64648dbf1af43abca5c9823b21224965c"
 """sha256 over every LRTrace task's full prompt, in catalog order, at 12c3262."""
+ARM_BLOCKING_SCAN = ("blocking: true,", r" # true\n",
+                     "    If a scan answers false, the object is not there: leave it and go on with the rest of the"
+                     " task.\n")
+"""What arm.yaml added to the measured arm for its blocking scan: the flag (whose prompt line says how a value
+appears), the value in each worked example, one line of guidance."""
 
 USER_ROBOT = """\
 robot: lawn_mower
@@ -56,14 +62,32 @@ def user_robot(tmp_path: Path, text: str = USER_ROBOT) -> Path:
     return path
 
 
+def measured_robots(tmp_path: Path) -> dict[str, SkillModel]:
+    """The shipped robots, the arm as measured: arm.yaml without what its blocking scan added."""
+    text = (skill_model_dir() / "arm.yaml").read_text()
+    for added in ARM_BLOCKING_SCAN:
+        assert added in text
+        text = text.replace(added, "")
+    path = tmp_path / "arm.yaml"
+    path.write_text(text)
+    return {**load_skill_models(), "arm": load_skill_model(path)}
+
+
 @pytest.mark.parametrize("robot", sorted(MEASURED_SYSTEM_PROMPTS))
-def test_shipped_prompt_is_the_measured_lrtrace_prompt_byte_for_byte(robot: str) -> None:
-    prompt = load_skill_models()[robot].system_prompt
+def test_shipped_prompt_is_the_measured_lrtrace_prompt_byte_for_byte(robot: str, tmp_path: Path) -> None:
+    prompt = measured_robots(tmp_path)[robot].system_prompt
     assert (hashlib.sha256(prompt.encode()).hexdigest(), len(prompt)) == MEASURED_SYSTEM_PROMPTS[robot]
 
 
-def test_every_lrtrace_request_prompt_is_unchanged_and_the_chatbot_keeps_its_empty_one() -> None:
-    catalog = load_catalog()
+def test_the_shipped_arm_waits_for_its_scan_and_its_prompt_says_how_the_answer_appears() -> None:
+    arm = load_skill_models()["arm"]
+    assert arm.blocking_call("scan('cup');") is not None and arm.blocking_call("goto('cup');") is None
+    assert 'the robot\'s answer is written right after the call, as in "scan(...); # VALUE"' in arm.system_prompt
+    assert "Response: scan('cup'); # true\ngoto('cup');" in arm.system_prompt
+
+
+def test_every_lrtrace_request_prompt_is_unchanged_and_the_chatbot_keeps_its_empty_one(tmp_path: Path) -> None:
+    catalog = load_catalog(robots=measured_robots(tmp_path))
     digest = hashlib.sha256()
     for trace in catalog.traces.values():
         digest.update(catalog.prompt_text(trace.robot, trace.prompt).encode())

@@ -5,7 +5,7 @@ its report (that segment's gen_start is after the report was sent) and its value
 never answers gets its goal aborted by the watchdog, the reason naming the call waited for, while the others'
 goals succeed; an empty or an over-long value ends the goal, saying so (on the simulator); a goal that cannot
 report (``no_execution_reports``) for a robot with blocking skills is refused. Once on the simulator (the
-arm's LRTrace plans replayed, its ``scan`` made blocking) and once on SmolLM2 on embedded vLLM (a robot file
+shipped arm, whose ``scan`` is blocking, replaying its LRTrace plans) and once on SmolLM2 on embedded vLLM (a robot file
 of the test's, free-text tasks; one node start, several goals).
 """
 
@@ -33,7 +33,6 @@ from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
 
-SKILL_MODELS = Path(__file__).resolve().parents[1] / "skill_models"
 ARM_TRACE = 9
 """The arm's stacking plan: scan('red_box') first, two more scans later."""
 TIMEOUTS = {"segment_timeout_factor": 2.0, "segment_timeout_margin": 4.0}
@@ -155,21 +154,10 @@ def robots(link: object) -> Iterator[Callable[..., RobotClient]]:
         robot.close()
 
 
-@pytest.fixture
-def blocking_arm(tmp_path: Path) -> Path:
-    """The shipped arm with its scan blocking (a value the plan waits for)."""
-    text = (SKILL_MODELS / "arm.yaml").read_text()
-    scan = "{abbr: scan, name: scan, args: [{object: name}], returns: bool,"
-    assert scan in text
-    path = tmp_path / "arm.yaml"
-    path.write_text(text.replace(scan, scan + " blocking: true,"))
-    return path
-
-
 def test_robots_answer_blocking_calls_over_the_action_and_the_topic_on_the_simulator(
-        session: tuple, link: object, robots: Callable, statuses: list, blocking_arm: Path) -> None:
+        session: tuple, link: object, robots: Callable, statuses: list) -> None:
     trace = load_catalog()[ARM_TRACE]
-    with server_node(session[1], session[0], skill_models=[str(blocking_arm)], status_period=0.05, **TIMEOUTS):
+    with server_node(session[1], session[0], status_period=0.05, **TIMEOUTS):  # the shipped arm: scan blocks
         assert link.wait_for_server() and robots.topic_link.wait_for_server()
         check_refused_without_reports(link, robots.topic_link, "arm", trace.prompt, trace.id)
         by_action = robots("action", "arm_action", "arm", "yes, behind the lamp")

@@ -373,4 +373,6 @@ def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, ro
         assert outcome.status == "succeeded", (trace, outcome.result.reason)
         assert [s.index for s in outcome.segments] == list(range(outcome.result.num_segments))
         assert outcome.result_after_segments
-        assert "".join(s.text for s in outcome.segments) == outcome.result.plan == CATALOG[trace].plan
+        plan = SKILLS[CATALOG[trace].robot].without_observations(outcome.result.plan)  # the arm's scan answers
+        assert "".join(s.text for s in outcome.segments) == plan == CATALOG[trace].plan
+    assert "scan('red_box'); # " in outcomes[9].result.plan  # the simulated arm's answer, after its scan

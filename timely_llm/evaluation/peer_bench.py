@@ -481,6 +481,11 @@ class PeerBench:
     prompt_ids_match: bool | None = None
     """Whether the node's tokenizer gave every prompt the ids the robots sent ``vllm serve``."""
 
+    def __post_init__(self) -> None:
+        # A streamed completion cannot wait for a value: both sides serve blocking skills (the arm's scan) as any
+        # other, so that they compare by scheduling alone.
+        self.skills = {name: model.served_open_loop() for name, model in self.skills.items()}
+
     def run(self, progress=print) -> list[Run]:  # noqa: ANN001 - a print-like callable
         for round_ in range(1, self.rounds + 1):
             for config in self.serve_configs:

@@ -39,7 +39,7 @@ from timely_llm.ros.fleet import ros_session
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.messages import duration_msg, status_name
 from timely_llm.ros.names import report_topic
-from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink, robot_publisher
+from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink, SimulatedSkills, robot_publisher
 from timely_llm.workloads.traces import TraceCatalog
 
 SERVER_WAIT_S = 60.0
@@ -213,8 +213,9 @@ class Swarm:
         with self._lock:
             start = max(time.monotonic(), self._lane_free.get(segment.request_id, 0.0))
             self._lane_free[segment.request_id] = start + seconds
+        value = SimulatedSkills(model, self.seed).value(segment, rng)  # the arm's scan waits for one
         report = SegmentDone(agent_id=_agent_id(agent), request_id=segment.request_id, index=segment.index,
-                             duration=duration_msg(seconds), success=True)
+                             duration=duration_msg(seconds), success=True, result=value or "")
         self._timers.at(start + seconds, functools.partial(self._report, agent, report))
 
     def _report(self, agent: int, report: SegmentDone) -> None:
