@@ -1,6 +1,7 @@
 """Simulator invariants, record definitions for every policy, determinism."""
 
 import json
+from pathlib import Path
 
 import pytest
 from record_checks import check_record
@@ -27,8 +28,17 @@ def small_workload(seed=0, traces=tuple(range(1, 12)), duration=60.0):
 def test_profile_matches_table_1():
     assert PROFILE.step_time([(2884, 2884)], []) == pytest.approx(0.328, abs=0.002)
     assert PROFILE.step_time([], [2900]) == pytest.approx(0.0219, abs=0.0003)
+
+
+def test_the_h100_profile_gives_the_steps_measured_on_an_h100():
     h100 = load_profile("h100-llama3-8b")
-    assert h100.step_time([(100, 100)], [50] * 4) == pytest.approx(0.00575 + 100 * 17.25e-6 + 4 * 6e-6)
+    probe = json.loads((Path(__file__).resolve().parents[1] / "docs/gpu/h100-step-probe.json").read_text())
+    assert probe["device"].startswith("NVIDIA H100")
+    for step in probe["decodes"]:  # batch 1-64, contexts of 512-2,048 tokens
+        assert h100.step_time([], [step["context"]] * step["batch"]) == pytest.approx(step["seconds"], rel=0.05)
+    for step in probe["prefills"]:  # a short prefill leaves the GPU partly idle: the linear term fits long ones
+        if step["tokens"] >= 1024:
+            assert h100.step_time([(step["tokens"], step["tokens"])], []) == pytest.approx(step["seconds"], rel=0.15)
 
 
 @pytest.mark.parametrize("policy", BENCH_POLICIES)
