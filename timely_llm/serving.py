@@ -95,6 +95,8 @@ class Driver:
 
     def arrive(self, plan: PlanRequest) -> None:
         """Submit ``plan`` at its arrival time."""
+        if plan.arrival is None:
+            raise ValueError(f"{plan.id}: a plan the driver submits needs its arrival time")
         self.at(plan.arrival, lambda server: server.submit(plan))
 
     def executed_at_once(self, request: Request, segment: Segment) -> None:

@@ -206,7 +206,8 @@ class BatchController:
         return True
 
     def _cap_bounds_batch(self) -> bool:
-        return self.max_batch is not None and self.throughput.knee(self.max_batch, CAP_BOUND_SPEED) == self.max_batch
+        return (self.max_batch is not None and self.throughput is not None
+                and self.throughput.knee(self.max_batch, CAP_BOUND_SPEED) == self.max_batch)
 
     def _at_latest_start(self, newcomer: Request, running: int, now: float) -> bool:
         """Waiting one more step would leave ``newcomer`` less budget than its worst case in the grown batch."""

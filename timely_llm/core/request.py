@@ -341,6 +341,7 @@ class Outcome:
 
     @classmethod
     def of(cls, request: Request) -> Outcome:
+        """What ``request`` ended with; times from its segments' execution when it succeeded."""
         if not request.status.ended:
             raise ValueError(f"request {request.id} has not ended ({request.status.value})")
         segments = request.segments
@@ -353,9 +354,10 @@ class Outcome:
                       skipped_segments=request.overload.skipped_segments, killed_at=request.overload.killed_at)
         if request.status is not Status.SUCCEEDED or not segments:
             return outcome
-        response = segments[0].exec_start - request.arrival
-        completion = segments[-1].exec_end - request.arrival
-        exec_time = math.fsum(s.exec_end - s.exec_start for s in segments)
+        spans = [_executed(s) for s in segments]
+        response = spans[0][0] - request.arrival
+        completion = spans[-1][1] - request.arrival
+        exec_time = math.fsum(end - start for start, end in spans)
         return dataclasses.replace(outcome, response_time=response, completion_time=completion,
                                    exec_time=exec_time, waiting_time=completion - exec_time,
                                    utility=request.tuf(response))
@@ -373,3 +375,10 @@ class Outcome:
             "shed": self.shed, "infeasible_at": self.infeasible_at, "best_response": self.best_response,
             "skipped_segments": self.skipped_segments, "killed_at": self.killed_at,
         }
+
+
+def _executed(segment: Segment) -> tuple[float, float]:
+    """When ``segment`` started and ended executing; a succeeded plan's segments all did."""
+    if segment.exec_start is None or segment.exec_end is None:
+        raise ValueError(f"segment {segment.index} of a succeeded plan has no execution times")
+    return segment.exec_start, segment.exec_end

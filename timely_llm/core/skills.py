@@ -185,7 +185,7 @@ class SkillModel:
 
     def blocking_call(self, segment: str) -> SkillCall | None:
         """The blocking call ``segment`` ends with (only its statement's terminator after it), else None."""
-        if not self.has_blocking:
+        if not self.has_blocking or self._call_re is None:
             return None
         masked = _mask_strings(segment)
         calls = list(self._call_re.finditer(masked))

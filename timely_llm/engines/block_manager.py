@@ -56,7 +56,7 @@ class BlockManager:
             table.append(block)
         self.tables[owner] = table
         self._lengths[owner] = len(hits) * self.block_size
-        self._last_hash[owner] = self._hash_of[hits[-1]] if hits else 0
+        self._last_hash[owner] = (self._hash_of[hits[-1]] or 0) if hits else 0  # a hit block has its hash
         self._partial[owner] = []
         self.append(owner, token_ids[len(hits) * self.block_size:])
         return len(hits) * self.block_size

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput
+from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput, Tokenizer
 from timely_llm.engines.remote_servers import (
     PROBE_TIMEOUT_S,
     Chunk,
@@ -69,6 +69,10 @@ class _Generation:
     """A prefill-only start (forced_ids == []): its one token is no output."""
 
 
+Event = tuple[str, int, Chunk | None, str | None]
+"""What a stream tells the loop: (generation, stream number, a chunk or None, the cause it failed of or None)."""
+
+
 class RemoteEngine(Engine):
     suspends_in_place = False
 
@@ -88,7 +92,7 @@ class RemoteEngine(Engine):
         self.tokenizer = (LocalTokenizer(settings.tokenizer) if settings.tokenizer
                           else ServerTokenizer(self._client, first.url, self.model))
         self._gens: dict[str, _Generation] = {}
-        self._events: queue.Queue = queue.Queue()
+        self._events: queue.Queue[Event] = queue.Queue()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="timely_llm_remote", daemon=True)
         self._thread.start()
@@ -107,7 +111,7 @@ class RemoteEngine(Engine):
         if server.down is not None:
             raise EngineRejected(f"{spec.gen_id}: its server {server.url} (which holds its KV) is down: {server.down}")
         grammar = None if spec.forced_ids is not None else _grammar(spec, self.tokenizer)
-        body = request_body(self.model, server.served.api, context, max_tokens, grammar, spec.priority)
+        body = request_body(self.model, server.api, context, max_tokens, grammar, spec.priority)
         gen = _Generation(spec, server, list(spec.output_ids), stream=gen.stream + 1 if gen else 1,
                           context_tokens=len(context), awaiting_first=True, warm_only=spec.forced_ids == [])
         self._gens[spec.gen_id] = gen
@@ -127,7 +131,7 @@ class RemoteEngine(Engine):
 
     def step(self) -> StepOutput:
         began = time.perf_counter()
-        events = []
+        events: list[Event] = []
         if any(g.live is not None for g in self._gens.values()):
             try:
                 events.append(self._events.get(timeout=STEP_WAIT_S))
@@ -235,6 +239,7 @@ class RemoteEngine(Engine):
 
     def _close(self, gen: _Generation) -> None:
         """The stream ends (cancelled if still open); its late events are dropped."""
+        assert gen.live is not None  # only an open stream is closed
         gen.live.cancel()
         gen.live = None
         gen.stream += 1
@@ -248,6 +253,7 @@ class RemoteEngine(Engine):
             self._close(gen)
             result.failed[gen_id] = cause
             return
+        assert chunk is not None  # an event holds a chunk or a cause
         if gen.awaiting_first:
             gen.awaiting_first = False
             result.started[gen_id] = ResumeInfo(gen.context_tokens, 0)  # the server does not say what it cached
@@ -268,7 +274,7 @@ class RemoteEngine(Engine):
 
     async def _stream(self, gen_id: str, stream: int, server: RemoteServer, body: dict) -> None:
         """One completion's events into the queue: a Chunk each, or one cause it failed of."""
-        api = server.served.api
+        api = server.api
         try:
             async with self._async_client.stream("POST", f"{server.url}/v1/completions", json=body) as answer:
                 if answer.status_code != 200:
@@ -345,7 +351,7 @@ def _auth(api_key_env: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _grammar(spec: GenerationSpec, tokenizer: object) -> str | None:
+def _grammar(spec: GenerationSpec, tokenizer: Tokenizer) -> str | None:
     """EBNF for the rest of the plan, continued from what ``spec`` generated so far."""
     if spec.grammar is None:
         return None

@@ -64,6 +64,12 @@ class RemoteServer:
         self._backoff = PROBE_FIRST_S
         self.next_probe = 0.0
 
+    @property
+    def api(self) -> str:
+        """The completion API of what it serves (a server is placed on only once described)."""
+        assert self.served is not None
+        return self.served.api
+
     def describe(self, client: httpx.Client, model: str, api: str) -> ServedModel:
         """Ask the server what it serves (``model``: the one to use, "" for its only one); raises httpx errors
         or ServerGarbage."""

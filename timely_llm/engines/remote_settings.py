@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from typing import Any
 
 PREFIX = "remote."
 APIS = ("auto", "structured_outputs", "guided_grammar")
@@ -46,7 +47,7 @@ class RemoteSettings:
     @classmethod
     def parse(cls, values: dict[str, object]) -> RemoteSettings:
         """From ``{field: value}`` (``remote.`` prefix optional); ``url`` a list or a comma/space separated string."""
-        given = {name.removeprefix(PREFIX): value for name, value in values.items()}
+        given: dict[str, Any] = {name.removeprefix(PREFIX): value for name, value in values.items()}
         known = {f.name: f.type for f in fields(cls)}
         unknown = sorted(set(given) - set(known))
         if unknown:

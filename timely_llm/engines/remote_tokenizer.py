@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class LocalTokenizer:
@@ -86,7 +90,7 @@ class ServerTokenizer:
         return answer.json()
 
 
-def _eos_id(directory: Path, tokenizer: object) -> int | None:
+def _eos_id(directory: Path, tokenizer: Tokenizer) -> int | None:
     """The EOS id the model's files name: ``tokenizer_config.json``'s token, else ``config.json``'s id."""
     config = _read(directory / "tokenizer_config.json")
     eos = config.get("eos_token")

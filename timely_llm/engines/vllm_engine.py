@@ -362,7 +362,8 @@ class VllmEngine(Engine):
             gen.output_ids.extend(completion.token_ids)
             result.new_tokens[gen_id] = list(completion.token_ids)
         if out.finished:
-            self._by_request.pop(gen.request_id, None)
+            if gen.request_id is not None:
+                self._by_request.pop(gen.request_id, None)
             gen.request_id = None
             reason = completion.finish_reason
             if reason in ("stop", "length"):
@@ -379,7 +380,7 @@ class VllmEngine(Engine):
         for request in self._scheduler().requests.values():
             gen_id = self._gen_id_of(request.request_id)
             gen = self._gens.get(gen_id) if gen_id is not None else None
-            if gen is not None and request.num_preemptions > gen.preemptions:
+            if gen_id is not None and gen is not None and request.num_preemptions > gen.preemptions:
                 gen.preemptions = request.num_preemptions
                 result.preempted.append(gen_id)
                 result.recomputed_tokens += request.num_tokens
