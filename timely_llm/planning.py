@@ -79,7 +79,9 @@ def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
 def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list[PlanRequest], *, segmented: bool,
                       on_segment: Callable[[Segment], None] | None = None) -> list[Request]:
     """``plans`` submitted at once and generated to their end, segmented (policy ``timelyllm``) or straight
-    through (``vllm``); the robots execute each segment the moment it is cut (``on_segment`` sees it then)."""
+    through (``vllm``); the robots execute each segment the moment it is cut (``on_segment`` sees it then). No
+    robot is there to report a value, so blocking skills are served as any other: the plan as the model writes it."""
+    robots = {name: robot.served_open_loop() for name, robot in robots.items()}
     clock = VirtualClock()
     driver = Driver(clock)
 
