@@ -59,7 +59,7 @@ def link(session: tuple) -> Iterator:
 @pytest.fixture
 def robots(link: object) -> Iterator[Callable]:
     """Makes RobotClients on ``link`` executing SimulatedSkills at 0.2x their time unless given a runner."""
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.ros.robot_client import RobotClient, SimulatedSkills
 
     skills = load_skill_models()
@@ -86,7 +86,7 @@ def topic_link(session: tuple) -> Iterator:
 @pytest.fixture
 def topic_robots(topic_link: object) -> Iterator[Callable]:
     """Makes TopicRobotClients on ``topic_link`` executing SimulatedSkills at 0.2x their time."""
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.ros.robot_client import SimulatedSkills
     from timely_llm.ros.topic_client import TopicRobotClient
 

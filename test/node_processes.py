@@ -26,7 +26,7 @@ from rclpy.node import Node
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.task import Future
 
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
 from timely_llm.workloads.traces import load_catalog
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import SkillModel, load_skill_model, load_skill_models, skill_model_dir
 from timely_llm.errors import ConfigError
 from timely_llm.executors.minispec import SkillFailed
 from timely_llm.executors.mobile_base import SimulatedMobileBase
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_model, load_skill_models, skill_model_dir
+from timely_llm.plan.skills import SkillModel
 from timely_llm.workloads.traces import load_catalog
 
 MEASURED_SYSTEM_PROMPTS = {  # sha256 and length of lrtrace.yaml's system_prompts at 12c3262, which the figures used

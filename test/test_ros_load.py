@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from guards import wait_until
 
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
 from timely_llm.workloads.traces import load_catalog
 

@@ -30,7 +30,7 @@ from rclpy.qos import QoSProfile
 from rosgraph_msgs.msg import Clock
 from spun_nodes import spun_node
 
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.diagnostics import Snapshot, level_of
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus

@@ -18,7 +18,7 @@ from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.publisher import Publisher
 
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros import throttle
 from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import SegmentDone, ServerStatus

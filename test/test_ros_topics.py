@@ -13,7 +13,7 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros import agents as agent_endpoints
 from timely_llm.ros.fleet import cut, run_fleet, server_node
 from timely_llm.ros.interfaces import PlanResult, TaskRequest

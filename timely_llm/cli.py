@@ -21,7 +21,7 @@ from timely_llm.errors import ConfigError, RunIncomplete
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
 if TYPE_CHECKING:
-    from timely_llm.core.skills import SkillModel
+    from timely_llm.plan.skills import SkillModel
     from timely_llm.ros.robot_client import SegmentRunner
     from timely_llm.workloads.generator import Workload
     from timely_llm.workloads.traces import TraceCatalog
@@ -194,7 +194,7 @@ def _features(text: str) -> str:
 
 
 def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.workloads.generator import BUILTIN, generate, load_workload
     from timely_llm.workloads.traces import load_catalog
 
@@ -510,8 +510,8 @@ def _peer_bench(args: argparse.Namespace) -> int:
         raise ConfigError("--out", None, "is required unless --from is given")
     if "remote" in args.node_engines and not args.serve_configs:
         raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
-    from timely_llm.core.skills import load_skill_models
     from timely_llm.models import resolve_model
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
     from timely_llm.workloads.traces import load_catalog
 
@@ -1079,7 +1079,7 @@ def _add_load_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _load_bench(args: argparse.Namespace) -> int:
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.ros.load_bench import LoadResult, rss_after_goals, run_load
     from timely_llm.workloads.traces import load_catalog
 
@@ -1354,7 +1354,7 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.planning import generate_plan
 
     skills = load_skill_models(args.skill_models)

@@ -34,7 +34,7 @@ from action_msgs.msg import GoalStatus
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 
-from timely_llm.core.skills import SkillModel
+from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.fleet import ros_session
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.messages import duration_msg, status_name

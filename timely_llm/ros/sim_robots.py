@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import djitellopy.tello as djitellopy_tello
 from djitellopy import Tello
 
-from timely_llm.core.skills import SkillModel
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.minispec import Value
 from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import FakeScene, SceneObject, TelloExecutor, use_client_ports
 from timely_llm.executors.tello_sim import TelloSimulator, free_udp_port, tello_command_duration
+from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.robot_client import (
     SegmentRunner,

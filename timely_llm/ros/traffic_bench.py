@@ -192,7 +192,7 @@ def robot_main(agent: str, goals: int, time_scale: float) -> int:
     from rclpy.node import Node
     from rclpy.qos import qos_profile_action_status_default
 
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.ros.fleet import ros_session
     from timely_llm.ros.interfaces import PlanResult, RequestPlan
     from timely_llm.ros.interfaces import Segment as SegmentMsg
