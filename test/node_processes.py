@@ -27,7 +27,7 @@ from rclpy.parameter_client import AsyncParameterClient
 from rclpy.task import Future
 
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
+from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
 from timely_llm.workloads.traces import load_catalog
 
 REPO = Path(__file__).resolve().parents[1]

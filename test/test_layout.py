@@ -95,3 +95,10 @@ def test_a_layer_imports_only_the_layers_below_it(layer: str) -> None:
     upward = {(module, target) for module, targets in imports().items() if in_package(module, (layer,))
               for target in targets if not in_package(target, allowed)}
     assert upward == set()
+
+
+def test_the_node_imports_no_robot_client_fleet_or_benchmark() -> None:
+    node = {module: targets for module, targets in imports().items() if in_package(module, ("timely_llm.ros",))}
+    node_to_robots = {(module, target) for module, targets in node.items() for target in targets
+                      if in_package(target, ("timely_llm.robots",))}
+    assert node_to_robots == set()

@@ -45,7 +45,7 @@ from rclpy.node import Node
 
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
+from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
 
 pytestmark = pytest.mark.ros
 

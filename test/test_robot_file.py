@@ -238,10 +238,10 @@ def test_the_simulated_mobile_base_looks_follows_and_refuses_like_a_base_on_a_ma
 
 
 def test_a_fleet_mobile_base_executes_segments_in_the_times_simulated_skills_draws() -> None:
+    from timely_llm.robots.robot_client import segment_rng
+    from timely_llm.robots.sim_robots import simulated_robots
     from timely_llm.ros.interfaces import Segment as SegmentMsg
     from timely_llm.ros.interfaces import SkillCall as SkillCallMsg
-    from timely_llm.ros.robot_client import segment_rng
-    from timely_llm.ros.sim_robots import simulated_robots
 
     skills = load_skill_models()
     model = skills["mobile_base"]
