@@ -41,7 +41,7 @@ def ros_domain(monkeypatch: pytest.MonkeyPatch) -> int:
 @pytest.fixture
 def session(ros_domain: int) -> Iterator:
     """(context, executor) of an rclpy session spinning in a thread."""
-    from timely_llm.ros.fleet import ros_session
+    from timely_llm.robots.fleet import ros_session
 
     with ros_session(ros_domain) as ctx_exec:
         yield ctx_exec
@@ -50,7 +50,7 @@ def session(ros_domain: int) -> Iterator:
 @pytest.fixture
 def link(session: tuple) -> Iterator:
     """A PlanLink (action client + SegmentDone publisher) on a node of its own."""
-    from timely_llm.ros.robot_client import PlanLink
+    from timely_llm.robots.robot_client import PlanLink
 
     with spun_node(session, "test_robots") as node:
         yield PlanLink(node)
@@ -59,8 +59,8 @@ def link(session: tuple) -> Iterator:
 @pytest.fixture
 def robots(link: object) -> Iterator[Callable]:
     """Makes RobotClients on ``link`` executing SimulatedSkills at 0.2x their time unless given a runner."""
-    from timely_llm.core.skills import load_skill_models
-    from timely_llm.ros.robot_client import RobotClient, SimulatedSkills
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.robots.robot_client import RobotClient, SimulatedSkills
 
     skills = load_skill_models()
     made: list[RobotClient] = []
@@ -77,7 +77,7 @@ def robots(link: object) -> Iterator[Callable]:
 @pytest.fixture
 def topic_link(session: tuple) -> Iterator:
     """A TopicPlanLink (task_requests publisher, per-robot topics) on a node of its own."""
-    from timely_llm.ros.topic_client import TopicPlanLink
+    from timely_llm.robots.topic_client import TopicPlanLink
 
     with spun_node(session, "test_topic_robots") as node:
         yield TopicPlanLink(node)
@@ -86,9 +86,9 @@ def topic_link(session: tuple) -> Iterator:
 @pytest.fixture
 def topic_robots(topic_link: object) -> Iterator[Callable]:
     """Makes TopicRobotClients on ``topic_link`` executing SimulatedSkills at 0.2x their time."""
-    from timely_llm.core.skills import load_skill_models
-    from timely_llm.ros.robot_client import SimulatedSkills
-    from timely_llm.ros.topic_client import TopicRobotClient
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.robots.robot_client import SimulatedSkills
+    from timely_llm.robots.topic_client import TopicRobotClient
 
     skills = load_skill_models()
     made: list[TopicRobotClient] = []

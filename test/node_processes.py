@@ -26,8 +26,8 @@ from rclpy.node import Node
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.task import Future
 
-from timely_llm.core.skills import load_skill_models
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
 from timely_llm.workloads.traces import load_catalog
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,8 +27,8 @@ import yaml
 from node_processes import default_sigint, venv_env
 from test_packaging import LAUNCH, LaunchPackages, Workspace
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import load_skill_model
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ros]
 

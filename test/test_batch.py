@@ -5,8 +5,8 @@ from collections import Counter
 
 from timely_llm.core.batch import BatchController, StepModel
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
+from timely_llm.plan.robot_file import load_skill_models
 
 TELLO = load_skill_models()["tello"]  # segment max 10 tokens
 NET = 0.008

@@ -38,7 +38,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("the run started before the bad argument was reported")
 
-    import timely_llm.ros.fleet as fleet
+    import timely_llm.robots.fleet as fleet
 
     monkeypatch.setattr(harness, "run_bench", forbidden)
     monkeypatch.setattr(fleet, "ros_session", forbidden)

@@ -52,7 +52,7 @@ def test_malformed_skill_model(tmp_path, capsys, text, field):
 
 
 def test_skill_models_missing_a_robot_of_the_traces(tmp_path, capsys):
-    from timely_llm.core.skills import skill_model_dir
+    from timely_llm.plan.robot_file import skill_model_dir
 
     assert bench(tmp_path, "--workload", "WID1", "--skill-models", str(skill_model_dir() / "tello.yaml")) == 2
     assert "robot" in capsys.readouterr().err

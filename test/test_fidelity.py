@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.hardware import load_profile
 from timely_llm.evaluation import fidelity
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 from timely_llm.workloads.traces import load_catalog
 

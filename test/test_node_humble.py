@@ -32,9 +32,9 @@ from node_processes import (
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import load_skill_models
-from timely_llm.ros.robot_client import PlanLink
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.robots.robot_client import PlanLink
 
 pytestmark = [pytest.mark.ros, pytest.mark.no_vllm]
 

@@ -16,13 +16,13 @@ from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON, OverloadControl, in_first_segment, infeasible_at
 from timely_llm.core.request import Outcome, Request, Status
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.errors import ConfigError
 from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.metrics import markdown_table, run_end, shed_utility, summarize
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import POLICIES, PlanRequest, Server
 from timely_llm.serving import Driver
 from timely_llm.workloads.generator import BUILTIN, Workload, generate, load_workload

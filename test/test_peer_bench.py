@@ -11,7 +11,6 @@ from collections import Counter
 import pytest
 
 from timely_llm.core.request import Outcome, Status
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.evaluation.peer_bench import (
     FLOOR,
@@ -26,6 +25,7 @@ from timely_llm.evaluation.peer_bench import (
     robot_times,
     table,
 )
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 from timely_llm.workloads.traces import load_catalog
 

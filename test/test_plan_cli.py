@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
 
 pytestmark = pytest.mark.vllm
 

@@ -20,11 +20,11 @@ import pytest
 from guards import bounded, wait_until
 from remote_servers import API_KEY, API_KEY_ENV, free_tcp_port, settings
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.base import EngineRejected, GenerationSpec, StepOutput
 from timely_llm.engines.remote import RemoteEngine
 from timely_llm.engines.remote_settings import RemoteSettings
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.planning import generate_plan
 
 STEP_BOUND_S = 2.0

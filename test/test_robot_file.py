@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import SkillModel, load_skill_model, load_skill_models, skill_model_dir
 from timely_llm.errors import ConfigError
 from timely_llm.executors.minispec import SkillFailed
 from timely_llm.executors.mobile_base import SimulatedMobileBase
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_model, load_skill_models, skill_model_dir
+from timely_llm.plan.skills import SkillModel
 from timely_llm.workloads.traces import load_catalog
 
 MEASURED_SYSTEM_PROMPTS = {  # sha256 and length of lrtrace.yaml's system_prompts at 12c3262, which the figures used
@@ -237,10 +238,10 @@ def test_the_simulated_mobile_base_looks_follows_and_refuses_like_a_base_on_a_ma
 
 
 def test_a_fleet_mobile_base_executes_segments_in_the_times_simulated_skills_draws() -> None:
+    from timely_llm.robots.robot_client import segment_rng
+    from timely_llm.robots.sim_robots import simulated_robots
     from timely_llm.ros.interfaces import Segment as SegmentMsg
     from timely_llm.ros.interfaces import SkillCall as SkillCallMsg
-    from timely_llm.ros.robot_client import segment_rng
-    from timely_llm.ros.sim_robots import simulated_robots
 
     skills = load_skill_models()
     model = skills["mobile_base"]

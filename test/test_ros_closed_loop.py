@@ -21,13 +21,13 @@ from guards import wait_until
 from looker_robot import LOOKER
 
 from timely_llm.executors.base import SegmentResult, run_timed
-from timely_llm.ros.fleet import server_node
+from timely_llm.robots.fleet import server_node
+from timely_llm.robots.robot_client import RobotClient, TaskOutcome
+from timely_llm.robots.topic_client import TopicPlanLink, TopicRobotClient
 from timely_llm.ros.interfaces import PlanResult, RequestPlan, SegmentDone, ServerStatus, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.names import TASK_REQUESTS, agent_topics
 from timely_llm.ros.qos import AGENT_QOS, SERVER_STATUS_QOS
-from timely_llm.ros.robot_client import RobotClient, TaskOutcome
-from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient
 from timely_llm.ros.topic_requests import TASK_REQUESTS_QOS
 from timely_llm.workloads.traces import load_catalog
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from guards import wait_until
 
-from timely_llm.core.skills import load_skill_models
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
 from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros
@@ -122,8 +122,8 @@ def test_load_bench_prints_every_goal_ended_and_flat_memory(ros_domain: int) -> 
 def test_load_bench_says_which_answer_a_goal_never_got() -> None:
     from action_msgs.msg import GoalStatus
 
+    from timely_llm.robots.load_bench import GoalTimes, _plan_status
     from timely_llm.ros.interfaces import RequestPlan
-    from timely_llm.ros.load_bench import GoalTimes, _plan_status
 
     assert GoalTimes(sent=0.0).outcome == "no goal response"
     assert GoalTimes(sent=0.0, accepted=0.1).outcome == "no result"

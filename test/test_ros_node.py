@@ -17,20 +17,15 @@ from builtin_interfaces.msg import Duration as DurationMsg
 from guards import wait_until
 
 from timely_llm.core.estimator import ExecutionTimeEstimator
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.throughput import TYPICAL_CONTEXT, derive_curve
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected, RunIncomplete
 from timely_llm.evaluation.harness import run_bench
-from timely_llm.ros.fleet import cut, fleet_agents, fleet_result, run_fleet, server_node
-from timely_llm.ros.goals import GoalRules, plan_from_goal
-from timely_llm.ros.interfaces import RequestPlan, ServerStatus
-from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
-from timely_llm.ros.node import NodeStartError
-from timely_llm.ros.robot_client import (
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.robots.fleet import cut, fleet_agents, fleet_result, run_fleet, server_node
+from timely_llm.robots.robot_client import (
     PlanLink,
     RobotClient,
     SimulatedSkills,
@@ -38,7 +33,12 @@ from timely_llm.ros.robot_client import (
     segment_rng,
     tello_runner,
 )
-from timely_llm.ros.sim_robots import SkillTimes, simulated_robots
+from timely_llm.robots.sim_robots import SkillTimes, simulated_robots
+from timely_llm.ros.goals import GoalRules, plan_from_goal
+from timely_llm.ros.interfaces import RequestPlan, ServerStatus
+from timely_llm.ros.interfaces import Segment as SegmentMsg
+from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
+from timely_llm.ros.node import NodeStartError
 from timely_llm.server import Server
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog

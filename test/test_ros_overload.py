@@ -12,15 +12,15 @@ from collections.abc import Callable
 import pytest
 
 from timely_llm.core.overload import INFEASIBLE_REASON
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected
 from timely_llm.evaluation.metrics import run_end, shed_utility
-from timely_llm.ros.fleet import fleet_result, run_fleet, server_node
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.robots.fleet import fleet_result, run_fleet, server_node
+from timely_llm.robots.robot_client import SimulatedSkills
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan
-from timely_llm.ros.robot_client import SimulatedSkills
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import load_catalog
 

@@ -18,14 +18,14 @@ from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.publisher import Publisher
 
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.robots.fleet import server_node
+from timely_llm.robots.robot_client import PlanLink, RobotClient, TaskOutcome
 from timely_llm.ros import throttle
-from timely_llm.ros.fleet import server_node
 from timely_llm.ros.interfaces import SegmentDone, ServerStatus
 from timely_llm.ros.messages import duration_msg, duration_seconds
 from timely_llm.ros.names import report_topic
 from timely_llm.ros.qos import DEEP_RELIABLE
-from timely_llm.ros.robot_client import PlanLink, RobotClient, TaskOutcome
 from timely_llm.workloads.traces import load_catalog
 
 pytestmark = pytest.mark.ros

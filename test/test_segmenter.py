@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
-from timely_llm.core.skills import load_skill_models
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.plan.segmenter import IncrementalDetokenizer, Segmenter
 
 MODELS = load_skill_models()
 

@@ -7,12 +7,12 @@ import pytest
 from record_checks import check_record
 
 from timely_llm.cli import main
-from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import BENCH_POLICIES, run_bench
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.workloads.generator import BUILTIN, WorkloadSpec, generate
 from timely_llm.workloads.traces import load_catalog
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from guards import bounded
 
-from timely_llm.core.grammar import plan_grammar
-from timely_llm.core.skills import load_skill_models
 from timely_llm.engines.base import GenerationSpec
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.planning import generate_plan, task_prompt
 from timely_llm.workloads.traces import load_catalog
 

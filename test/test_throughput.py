@@ -8,7 +8,6 @@ from timely_llm.core import batch as batch_module
 from timely_llm.core.batch import BatchController
 from timely_llm.core.features import Features
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.throughput import (
     CONFIDENT,
     ThroughputCurve,
@@ -21,6 +20,7 @@ from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.evaluation import sweep
 from timely_llm.evaluation.harness import run_bench
+from timely_llm.plan.robot_file import load_skill_models
 
 TELLO = load_skill_models()["tello"]
 NET = 0.008

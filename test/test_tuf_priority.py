@@ -9,8 +9,8 @@ import pytest
 from timely_llm.core.priority import EDF, FCFS, PUD
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
+from timely_llm.plan.robot_file import load_skill_models
 
 TELLO = load_skill_models()["tello"]
 

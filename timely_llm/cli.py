@@ -21,8 +21,8 @@ from timely_llm.errors import ConfigError, RunIncomplete
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
 if TYPE_CHECKING:
-    from timely_llm.core.skills import SkillModel
-    from timely_llm.ros.robot_client import SegmentRunner
+    from timely_llm.plan.skills import SkillModel
+    from timely_llm.robots.robot_client import SegmentRunner
     from timely_llm.workloads.generator import Workload
     from timely_llm.workloads.traces import TraceCatalog
 
@@ -194,7 +194,7 @@ def _features(text: str) -> str:
 
 
 def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.workloads.generator import BUILTIN, generate, load_workload
     from timely_llm.workloads.traces import load_catalog
 
@@ -510,8 +510,8 @@ def _peer_bench(args: argparse.Namespace) -> int:
         raise ConfigError("--out", None, "is required unless --from is given")
     if "remote" in args.node_engines and not args.serve_configs:
         raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
-    from timely_llm.core.skills import load_skill_models
     from timely_llm.models import resolve_model
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
     from timely_llm.workloads.traces import load_catalog
 
@@ -899,8 +899,8 @@ def _add_robot_args(p: argparse.ArgumentParser, tello_sim: bool) -> None:
 def _robots(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel],
             ) -> AbstractContextManager[dict[str, SegmentRunner] | None]:
     """The demo's or fleet's robot runners (None: SimulatedSkills for all), reporting what flies."""
-    from timely_llm.ros.fleet import fleet_agents
-    from timely_llm.ros.sim_robots import simulated_robots
+    from timely_llm.robots.fleet import fleet_agents
+    from timely_llm.robots.sim_robots import simulated_robots
 
     agents = fleet_agents(workload, catalog)
     if not args.tello_sim:
@@ -921,7 +921,7 @@ def _add_fleet(p: argparse.ArgumentParser) -> None:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from timely_llm.ros.fleet import cut, fleet_result, ros_session, run_fleet
+    from timely_llm.robots.fleet import cut, fleet_result, ros_session, run_fleet
 
     skills, catalog, workload = _load_inputs(args)
     workload = cut(workload, args.duration)
@@ -987,7 +987,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
 
 def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload, int | None]:
     """The demo's skill models, catalog, workload (its point's, cut to the duration) and batch cap."""
-    from timely_llm.ros.fleet import cut
+    from timely_llm.robots.fleet import cut
     from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 
     if args.point == "bursty":
@@ -1005,7 +1005,7 @@ def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload
 
 def _demo(args: argparse.Namespace) -> int:
     from timely_llm.evaluation.machine_load import combined, measured, verdict_lines
-    from timely_llm.ros.fleet import fleet_result, ros_session, run_fleet, server_node
+    from timely_llm.robots.fleet import fleet_result, ros_session, run_fleet, server_node
 
     if len(set(args.policies)) < len(args.policies):
         raise ConfigError("--policies", None, "a policy given twice")
@@ -1079,8 +1079,8 @@ def _add_load_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _load_bench(args: argparse.Namespace) -> int:
-    from timely_llm.core.skills import load_skill_models
-    from timely_llm.ros.load_bench import LoadResult, rss_after_goals, run_load
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.robots.load_bench import LoadResult, rss_after_goals, run_load
     from timely_llm.workloads.traces import load_catalog
 
     skills, catalog = load_skill_models(), load_catalog()
@@ -1112,7 +1112,7 @@ def _add_traffic_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _traffic_bench(args: argparse.Namespace) -> int:
-    from timely_llm.ros.traffic_bench import InterfaceTraffic, run_traffic
+    from timely_llm.robots.traffic_bench import InterfaceTraffic, run_traffic
 
     print(f"node on the sim engine and every robot in a process of its own; {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the start; {args.goals} tasks per robot, one after another", flush=True)
@@ -1354,7 +1354,7 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from timely_llm.core.skills import load_skill_models
+    from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.planning import generate_plan
 
     skills = load_skill_models(args.skill_models)

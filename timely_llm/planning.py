@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from timely_llm.clock import VirtualClock
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
+from timely_llm.plan.skills import SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.traces import TraceCatalog

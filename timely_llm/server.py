@@ -28,17 +28,14 @@ from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ExecutionTimeEstimator, ProfiledTimes, SegmentTimes
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
-from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.overload import (
     OVERRUN_NONE,
     OVERRUN_STRATEGIES,
     OverloadControl,
 )
-from timely_llm.core.plan_stream import PlanStream
 from timely_llm.core.priority import make_policy, request_priority
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import OverloadState, Request, Segment, Status, call_text
-from timely_llm.core.skills import SkillModel
 from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import (
@@ -50,6 +47,9 @@ from timely_llm.engines.base import (
     StepOutput,
 )
 from timely_llm.errors import RequestRejected
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.plan_stream import PlanStream
+from timely_llm.plan.skills import SkillModel
 from timely_llm.scheduler import Call, Scheduler, SchedulerOutput
 
 

@@ -13,9 +13,9 @@ from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import SkillModel
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.plan.skills import SkillModel
 from timely_llm.server import POLICIES, PlanRequest, Server, ServingPolicy, parts_of
 
 Action = Callable[[Server], object]

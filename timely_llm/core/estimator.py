@@ -27,7 +27,7 @@ import numpy as np
 
 from timely_llm.core.features import Features
 from timely_llm.core.request import Request, Status
-from timely_llm.core.skills import SkillModel
+from timely_llm.plan.skills import SkillModel
 
 if TYPE_CHECKING:
     from timely_llm.engines.hardware import HardwareProfile

@@ -47,10 +47,10 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from timely_llm.core.grammar import PlanGrammar
-from timely_llm.core.plan_stream import PlanStream
-from timely_llm.core.skills import SkillCall, SkillModel
 from timely_llm.core.tuf import TUF
+from timely_llm.plan.grammar import PlanGrammar
+from timely_llm.plan.plan_stream import PlanStream
+from timely_llm.plan.skills import SkillCall, SkillModel
 
 
 class Status(enum.Enum):
@@ -277,6 +277,16 @@ class Request:
     @property
     def context_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def dispatched_text(self) -> str:
+        """The text of the segments dispatched so far (without observations)."""
+        return "".join(s.text for s in self.segments)
+
+    @property
+    def ended_plan(self) -> bool:
+        """The last segment dispatched ended the plan."""
+        return bool(self.segments) and self.segments[-1].final
 
     @property
     def sampled_tokens(self) -> int:

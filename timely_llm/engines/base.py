@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from timely_llm.core.grammar import PlanGrammar
+    from timely_llm.plan.grammar import PlanGrammar
 
 
 class Tokenizer(Protocol):

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.request import Outcome, Request, Status
-from timely_llm.core.segmenter import Segmenter
-from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.evaluation.harness import EngineSetup, SimulatedRobots, run_bench
+from timely_llm.plan.segmenter import Segmenter
+from timely_llm.plan.skills import SkillModel
 from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver, build_server
 from timely_llm.workloads.closed_loop import ClosedLoopTasks

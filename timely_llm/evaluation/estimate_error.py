@@ -16,9 +16,9 @@ import statistics
 from dataclasses import dataclass
 
 from timely_llm.core.features import Features
-from timely_llm.core.skills import SkillModel
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.evaluation.harness import run_bench
+from timely_llm.plan.skills import SkillModel
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 

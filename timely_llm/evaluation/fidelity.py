@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from timely_llm.clock import VirtualClock, WallClock
-from timely_llm.core.skills import SkillModel
 from timely_llm.engines.base import Engine, GenerationSpec, StepOutput, Tokenizer
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.machine_load import MachineLoad, combined, load_verdict, measured
 from timely_llm.evaluation.peer_bench import StepLog, first_segment_times, floor_requests
+from timely_llm.plan.skills import SkillModel
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 

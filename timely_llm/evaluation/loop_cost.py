@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from timely_llm.clock import VirtualClock
-from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine, GenerationSpec, StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine, zero_time
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.plan.skills import SkillModel
 from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import TraceCatalog, load_catalog

@@ -32,14 +32,14 @@ from pathlib import Path
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
-from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.priority import request_priority
 from timely_llm.core.request import Outcome
-from timely_llm.core.segmenter import Segmenter
-from timely_llm.core.skills import SkillModel
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.evaluation.harness import SimulatedRobots
 from timely_llm.evaluation.machine_load import MachineLoad, combined, load_verdict, measured
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.segmenter import Segmenter
+from timely_llm.plan.skills import SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import Workload, WorkloadRequest

@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from timely_llm.core.grammar import plan_grammar
 from timely_llm.core.request import Request
-from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
 from timely_llm.errors import read_mapping
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.plan.skills import SkillModel
 from timely_llm.planning import generate_together, task_prompt
 from timely_llm.server import PlanRequest
 from timely_llm.workloads.traces import TraceCatalog, load_catalog

@@ -19,9 +19,10 @@ from timely_llm.core.estimator import ExecutionTimeEstimator, SegmentTimes
 from timely_llm.core.priority import PUD
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.plan.skills import SkillModel
 
 NETWORK_LATENCY = 0.008
 NOW = 100.0

@@ -18,9 +18,9 @@ import statistics
 import time
 from dataclasses import replace
 
-from timely_llm.core.grammar import PlanGrammar
 from timely_llm.engines.base import Engine, GenerationSpec
 from timely_llm.models import CORPUS
+from timely_llm.plan.grammar import PlanGrammar
 
 DEFAULT_PLAN = "s('cat');?iv('cat')==True{g('cat');tp};tc(90);mf(100);tu(45);mf(50);tp;"
 
@@ -165,8 +165,8 @@ def main() -> None:
     )
     tok = engine.tokenizer
     if args.task:
-        from timely_llm.core.grammar import plan_grammar
-        from timely_llm.core.skills import load_skill_models
+        from timely_llm.plan.grammar import plan_grammar
+        from timely_llm.plan.robot_file import load_skill_models
         from timely_llm.planning import task_prompt
         from timely_llm.workloads.traces import load_catalog
 

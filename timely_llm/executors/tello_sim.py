@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
 
-from timely_llm.core.skills import TimeModel, load_skill_model, skill_model_dir
+from timely_llm.plan.robot_file import load_skill_model, skill_model_dir
+from timely_llm.plan.skills import TimeModel
 
 DurationFunction = Callable[[str, float | None], float]
 """Seconds of simulated time a command takes, given its keyword and numeric argument."""

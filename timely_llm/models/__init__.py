@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from timely_llm.models.cache import build_atomically, cache_root
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -77,29 +75,6 @@ def resolve_model(model: str | Path) -> tuple[str, str | None]:
         return str(model), None
     raise ValueError(f"model {str(model)!r} is none of {MODEL_NAMES}, a model directory with config.json "
                      "or a Hugging Face model id (org/name)")
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "timely_llm"
-
-
-def build_atomically(target: Path, write: Callable[[Path], None]) -> None:
-    """Run ``write`` into a fresh directory beside ``target`` and rename it into place.
-
-    Concurrent builders of the same cache entry are safe: the first rename wins, the others
-    find the finished entry and drop their copy.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
-    try:
-        write(tmp)
-        tmp.rename(target)
-    except OSError:
-        if not (target / "config.json").exists():  # else another process finished first
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_model(out: Path, corpus: str) -> None:

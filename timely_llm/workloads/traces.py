@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from timely_llm.core.robot_prompt import request_prompt
-from timely_llm.core.skills import SkillModel, load_skill_models
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.errors import ConfigError, read_mapping
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.plan.skills import SkillModel, request_prompt
 
 CATALOG_PATH = Path(__file__).with_name("lrtrace.yaml")
 CATEGORIES = tuple(DEFAULT_TUFS)

@@ -34,12 +34,12 @@ from action_msgs.msg import GoalStatus
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 
-from timely_llm.core.skills import SkillModel
-from timely_llm.ros.fleet import ros_session
+from timely_llm.plan.skills import SkillModel
+from timely_llm.robots.fleet import ros_session
+from timely_llm.robots.robot_client import MATCH_POLL_S, PlanLink, SimulatedSkills, robot_publisher
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.messages import duration_msg, status_name
 from timely_llm.ros.names import report_topic
-from timely_llm.ros.robot_client import MATCH_POLL_S, PlanLink, SimulatedSkills, robot_publisher
 from timely_llm.workloads.traces import TraceCatalog
 
 SERVER_WAIT_S = 60.0

@@ -21,13 +21,13 @@ from rclpy.node import Node
 from std_msgs.msg import String
 
 from timely_llm.core.tuf import TUF
+from timely_llm.robots.robot_client import MATCH_POLL_S, RobotClient, SegmentRunner, TaskOutcome, robot_publisher
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_msg, overrun_code
 from timely_llm.ros.names import TASK_REQUESTS, agent_topics, cancel_topic
 from timely_llm.ros.qos import AGENT_QOS
 from timely_llm.ros.rclpy_compat import SubscriptionEventCallbacks
-from timely_llm.ros.robot_client import MATCH_POLL_S, RobotClient, SegmentRunner, TaskOutcome, robot_publisher
 from timely_llm.ros.topic_requests import TASK_REQUESTS_QOS
 
 

@@ -23,13 +23,13 @@ from rclpy.parameter import Parameter
 
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
-from timely_llm.core.skills import SkillModel
 from timely_llm.errors import RunIncomplete
 from timely_llm.evaluation.metrics import summarize
+from timely_llm.plan.skills import SkillModel
+from timely_llm.robots.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
+from timely_llm.robots.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 from timely_llm.ros.messages import optional_seconds
 from timely_llm.ros.node import TimelyLlmNode, spinning
-from timely_llm.ros.robot_client import PlanLink, RobotClient, SegmentRunner, SimulatedSkills, TaskOutcome
-from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 from timely_llm.workloads.generator import Workload
 from timely_llm.workloads.traces import TraceCatalog
 

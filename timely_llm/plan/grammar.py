@@ -10,7 +10,7 @@ types, return types), so adding a skill there extends the grammar:
 * ``calls`` (arm): a sequence of ``skill(args);``;
 * ``sentence`` (chatbot): sentences separated by single spaces.
 
-The grammar is regular (nesting is bounded), kept as a :mod:`~timely_llm.core.regex`
+The grammar is regular (nesting is bounded), kept as a :mod:`~timely_llm.plan.regex`
 expression. A generation is constrained by the grammar of what may follow the text
 generated so far (its derivative), written as EBNF for the engine: a fresh one by the
 whole grammar, a resumed one by the continuation from exactly where it stopped, e.g.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from functools import cache, lru_cache
 
-from timely_llm.core.regex import (
+from timely_llm.plan.regex import (
     EMPTY,
     Regex,
     alt,
@@ -41,7 +41,7 @@ from timely_llm.core.regex import (
     repeat,
     star,
 )
-from timely_llm.core.skills import ArgSpec, Skill, SkillModel
+from timely_llm.plan.skills import ArgSpec, Skill, SkillModel
 
 MAX_DEPTH = 2
 """Blocks nest at most this deep (TypeFly's examples use two: a loop holding a conditional)."""

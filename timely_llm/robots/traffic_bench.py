@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timely_llm.ros.robot_client import RobotClient, TaskOutcome
+    from timely_llm.robots.robot_client import RobotClient, TaskOutcome
     from timely_llm.workloads.traces import Trace
 
 INTERFACES = ("action", "topic")
@@ -93,7 +93,7 @@ class InterfaceTraffic:
 def run_traffic(robots: int, goals: int, domain_id: int, time_scale: float = 0.02,
                 interfaces: tuple[str, ...] = INTERFACES) -> list[InterfaceTraffic]:
     """``robots`` robot processes against a fresh node, each interface in turn."""
-    from timely_llm.ros.load_bench import node_process
+    from timely_llm.robots.load_bench import node_process
 
     with node_process(domain_id, segment_timeout_margin=60.0) as node, \
             _robot_processes(robots, goals, domain_id, time_scale) as fleet:
@@ -163,7 +163,7 @@ def _robot_processes(robots: int, goals: int, domain_id: int, time_scale: float)
     env = os.environ | {"ROS_DOMAIN_ID": str(domain_id)}
     log_fd, log = tempfile.mkstemp(prefix="timely-llm-traffic-robots-", suffix=".log")
     with os.fdopen(log_fd, "w") as log_file:
-        processes = [subprocess.Popen([sys.executable, "-m", "timely_llm.ros.traffic_bench", f"robot_{i:03d}",
+        processes = [subprocess.Popen([sys.executable, "-m", "timely_llm.robots.traffic_bench", f"robot_{i:03d}",
                                        str(goals), str(time_scale)], env=env, text=True, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=log_file)
                      for i in range(robots)]
@@ -192,14 +192,14 @@ def robot_main(agent: str, goals: int, time_scale: float) -> int:
     from rclpy.node import Node
     from rclpy.qos import qos_profile_action_status_default
 
-    from timely_llm.core.skills import load_skill_models
-    from timely_llm.ros.fleet import ros_session
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.robots.fleet import ros_session
+    from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
+    from timely_llm.robots.topic_client import TopicPlanLink, TopicRobotClient
     from timely_llm.ros.interfaces import PlanResult, RequestPlan
     from timely_llm.ros.interfaces import Segment as SegmentMsg
     from timely_llm.ros.names import agent_topics
     from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
-    from timely_llm.ros.robot_client import PlanLink, RobotClient, SimulatedSkills
-    from timely_llm.ros.topic_client import TopicPlanLink, TopicRobotClient
     from timely_llm.workloads.traces import load_catalog
 
     catalog, skills = load_catalog(), load_skill_models()

@@ -4,14 +4,31 @@ executable statements, close a plan cut short in its grammar)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from timely_llm.core.grammar import PlanGrammar, plan_grammar
-from timely_llm.core.segmenter import IncrementalDetokenizer, Segmenter
-from timely_llm.core.skills import SkillModel
+from timely_llm.plan.grammar import PlanGrammar, plan_grammar
+from timely_llm.plan.segmenter import IncrementalDetokenizer, Segmenter
+from timely_llm.plan.skills import SkillModel
 
-if TYPE_CHECKING:
-    from timely_llm.core.request import Request
+
+class Generation(Protocol):
+    """What a plan stream reads of the generation it cuts (a scheduler's request)."""
+
+    robot: SkillModel
+    max_new_tokens: int
+    forced_ids: list[int] | None
+    grammar: PlanGrammar | None
+
+    @property
+    def sampled_tokens(self) -> int: ...
+
+    @property
+    def dispatched_text(self) -> str:
+        """The text of the segments dispatched so far."""
+
+    @property
+    def ended_plan(self) -> bool:
+        """The last segment dispatched ended the plan."""
 
 
 class PlanStream:
@@ -21,7 +38,7 @@ class PlanStream:
         self.segmenter = Segmenter(robot)
         self.streaming = streaming
 
-    def push(self, request: Request, tokens: list[int], finished: bool) -> tuple[list[str], bool]:
+    def push(self, request: Generation, tokens: list[int], finished: bool) -> tuple[list[str], bool]:
         """``tokens``, just added to ``request.output_ids``; ``finished``: the engine ended the generation.
         Returns the pieces to dispatch and whether the last of them ends the plan."""
         text = self.detok.push(tokens) if tokens else ""
@@ -33,13 +50,13 @@ class PlanStream:
         if finished:
             rest = self.segmenter.flush()
             if (grammar := _closing_grammar(request)) is not None:  # a plan cut short still closes its blocks
-                rest = grammar.close("".join(s.text for s in request.segments) + "".join(pieces), rest)
+                rest = grammar.close(request.dispatched_text + "".join(pieces), rest)
             # An empty last segment tells the robot a plan ended after a segment already sent as not final.
-            if rest.strip() or not pieces and not (request.segments and request.segments[-1].final):
+            if rest.strip() or not pieces and not request.ended_plan:
                 pieces.append(rest)
         return pieces, bool(pieces) and (finished or self._out_of_tokens(request))
 
-    def _out_of_tokens(self, request: Request) -> bool:
+    def _out_of_tokens(self, request: Generation) -> bool:
         """No text can follow what was cut: the recorded plan or the token budget is used up."""
         produced = request.sampled_tokens
         budget_spent = produced >= request.max_new_tokens and request.grammar is None  # else it may close blocks
@@ -47,7 +64,7 @@ class PlanStream:
         return (budget_spent or plan_replayed) and not self.segmenter.pending.strip()
 
 
-def _closing_grammar(request: Request) -> PlanGrammar | None:
+def _closing_grammar(request: Generation) -> PlanGrammar | None:
     """The grammar a finished plan is closed in: its own, or its robot's for a recorded plan replayed only
     in part (its token budget ran out first); a whole replayed plan is dispatched as recorded."""
     if request.forced_ids is None:

@@ -15,49 +15,20 @@ replaced by its part:
 Every worked example's plan must parse in the robot's own plan grammar, so the model is
 never shown a plan it could not write (an example kept verbatim from a published prompt
 may say why it does not parse in ``off_grammar``). A request's prompt is the system
-prompt, then the task (:func:`request_prompt`).
+prompt, then the task (:func:`timely_llm.plan.skills.request_prompt`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from timely_llm.errors import ConfigError
+from timely_llm.plan.skills import DEFAULT_EXAMPLE_FORMAT, DEFAULT_LAYOUT, ArgSpec, PromptParts, Skill, WorkedExample
 
-if TYPE_CHECKING:
-    from timely_llm.core.skills import ArgSpec, Skill, SkillModel
-
-DEFAULT_LAYOUT = "{intro}\nSkills:\n{skills}\n{guidance}\n{examples}\n"
-DEFAULT_EXAMPLE_FORMAT = "Example {n}:\nTask: {task}\nResponse: {plan}"
-"""As a request reads (see :func:`request_prompt`), so the examples show the model the very form it continues."""
 PLACEHOLDERS = ("intro", "skills", "guidance", "examples")
 PROMPT_KEYS = ("intro", "guidance", "examples", "skills_text", "layout", "example_format")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
-
-
-@dataclass(frozen=True)
-class WorkedExample:
-    task: str
-    plan: str
-    off_grammar: str | None = None
-    """Why this example is kept although its plan does not parse in the robot's grammar."""
-
-
-@dataclass(frozen=True)
-class PromptParts:
-    intro: str
-    guidance: str
-    examples: tuple[WorkedExample, ...]
-    skills_text: str | None = None
-    layout: str = DEFAULT_LAYOUT
-    example_format: str = DEFAULT_EXAMPLE_FORMAT
-
-
-def request_prompt(system_prompt: str, task: str) -> str:
-    """The full prompt of a request: the robot's fixed system part, then the task (the part that varies)."""
-    return f"{system_prompt}\nTask: {task}\nResponse: "
 
 
 def build_system_prompt(parts: PromptParts, skills: list[Skill], observation_form: str) -> str:
@@ -122,26 +93,6 @@ def parse_prompt(raw: Any, skills: list[Skill], source: str) -> PromptParts:
     _check_example_format(parts.example_format, source)
     _check_described(parts, skills, source)
     return parts
-
-
-def check_examples(parts: PromptParts, model: SkillModel, source: str) -> None:
-    """Every worked example parses in the robot's grammar, unless it says why not (and then truly does not)."""
-    from timely_llm.core.grammar import plan_grammar
-
-    grammar = plan_grammar(model)
-    if grammar is None:
-        return
-    for i, example in enumerate(parts.examples):
-        try:
-            parses = grammar.accepts(model.without_observations(example.plan))
-        except ValueError as exc:
-            raise ConfigError(source, f"prompt.examples[{i}].plan", str(exc)) from None
-        if not parses and example.off_grammar is None:
-            raise ConfigError(source, f"prompt.examples[{i}].plan",
-                              f"{example.plan!r} does not parse in the {model.language} grammar of "
-                              f"{model.robot}'s skills")
-        if parses and example.off_grammar is not None:
-            raise ConfigError(source, f"prompt.examples[{i}].off_grammar", "the plan parses: drop off_grammar")
 
 
 def _text(raw: dict, key: str, source: str) -> str:

@@ -28,12 +28,12 @@ from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.task import Future as RclpyFuture
 
-from timely_llm.core.skills import SIMULATED_VALUES, SkillModel
 from timely_llm.core.tuf import TUF
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.base import SegmentResult, run_timed
 from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import TelloExecutor
+from timely_llm.plan.skills import SIMULATED_VALUES, SkillModel
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_msg, overrun_code, status_name

@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 import djitellopy.tello as djitellopy_tello
 from djitellopy import Tello
 
-from timely_llm.core.skills import SkillModel
 from timely_llm.executors.arm import SimulatedArm
 from timely_llm.executors.minispec import Value
 from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.executors.tello import FakeScene, SceneObject, TelloExecutor, use_client_ports
 from timely_llm.executors.tello_sim import TelloSimulator, free_udp_port, tello_command_duration
-from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.robot_client import (
+from timely_llm.plan.skills import SkillModel
+from timely_llm.robots.robot_client import (
     SegmentRunner,
     SimulatedSkills,
     arm_runner,
@@ -39,6 +38,7 @@ from timely_llm.ros.robot_client import (
     segment_rng,
     tello_runner,
 )
+from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.workloads.traces import TraceCatalog
 
 FIRST_DRONE_IP = ipaddress.IPv4Address("127.0.0.2")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from timely_llm.core.skills import SkillModel
+from timely_llm.plan.skills import SkillModel
 
 REPLACEMENT_CHAR = "\ufffd"
 KEEP_TOKENS = 4
