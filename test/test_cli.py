@@ -191,7 +191,7 @@ def test_the_readme_workload_example_loads(tmp_path: Path, capsys: pytest.Captur
 def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from timely_llm.cli import _progress
+    from timely_llm.cli.common import _progress
 
     with _progress("timelyllm", 5, period_s=0.05) as progress:
         progress(3)
@@ -202,7 +202,7 @@ def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixt
 
 
 def test_demo_help_gives_the_arrivals_each_engine_replays() -> None:
-    from timely_llm.cli import DEMO_GENERATED_SECONDS
+    from timely_llm.cli.ros import DEMO_GENERATED_SECONDS
 
     duration = next(a for a in subcommands()["demo"]._actions if a.dest == "duration")
     assert f"default {DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, else 60" in duration.help

@@ -219,7 +219,7 @@ def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
     assert out.returncode == 0, out.stderr
     install = workspace.root / "install"
     assert out.stdout.split() == [
-        f"{install}/timely_llm/lib/python3.11/site-packages/timely_llm/cli.py",
+        f"{install}/timely_llm/lib/python3.11/site-packages/timely_llm/cli/__init__.py",
         f"{install}/timely_llm/share/timely_llm/skill_models",
         f"{install}/timely_llm_interfaces/lib/python3.11/site-packages/timely_llm_interfaces/msg/__init__.py"]
 

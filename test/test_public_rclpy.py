@@ -10,7 +10,7 @@ import pytest
 from startup.humble_rclpy import MISSING_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted([*(ROOT / "timely_llm" / "ros").glob("*.py"), ROOT / "timely_llm" / "cli.py"])
+SOURCES = sorted(path for package in ("ros", "robots", "cli") for path in (ROOT / "timely_llm" / package).glob("*.py"))
 
 
 def _imports(tree: ast.AST) -> list[tuple[ast.AST, str]]:

@@ -1,0 +1,258 @@
+"""What the ``timely-llm`` commands share: argument types, the inputs they load, progress lines, the embedded engine
+they build."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from timely_llm.core.features import Features
+from timely_llm.errors import ConfigError
+from timely_llm.models import MODEL_NAMES
+
+if TYPE_CHECKING:
+    pass
+
+
+POLICY_HELP = {
+    "vllm": "FCFS continuous batching; the whole plan is dispatched when it is complete",
+    "vllm-stream": "FCFS; each statement is dispatched as soon as it is generated, never paused",
+    "vllm-priority": "vLLM's priority scheduling (lower ERT first) with preemption; statements streamed",
+    "fcfs": "segmented: suspended after each segment, queued by arrival",
+    "edf": "segmented, queued by the first segment's deadline (arrival + ERT)",
+    "timelyllm": "segmented + PUD priority (Eq. 4) + latency-guided adaptive batch: the paper's system",
+    "isolated": "bench only: each request alone on an idle simulated server (the best it could get)",
+}
+
+
+DEFAULT_HW = "rtx4090-llama3-8b"
+
+
+PROGRESS_PERIOD_S = 10.0
+
+
+def _features(text: str) -> str:
+    try:
+        Features.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.workloads.generator import BUILTIN, generate, load_workload
+    from timely_llm.workloads.traces import load_catalog
+
+    skills = load_skill_models(args.skill_models)
+    catalog = load_catalog(robots=skills)  # prompts from the skill models this run uses
+    for trace in catalog.traces.values():
+        if trace.robot not in skills:
+            raise ConfigError("lrtrace.yaml", f"trace {trace.id}.robot", f"no skill model for {trace.robot!r}")
+    if args.workload in BUILTIN:
+        workload = generate(BUILTIN[args.workload], catalog, skills, args.seed)
+    elif Path(args.workload).is_file():
+        workload = load_workload(args.workload, catalog)
+    else:
+        raise ConfigError("--workload", args.workload, f"neither a built-in workload ({', '.join(BUILTIN)}) nor a file")
+    return skills, catalog, workload
+
+
+def _read_json(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(path, None, f"cannot read JSON: {exc}") from exc
+
+
+def _print_failures(records: list[dict]) -> None:
+    for record in records:
+        if record["status"] != "succeeded":
+            print(f"    {record['id']} ({record['agent']}): {record['status']}: {record['reason']}")
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S) -> Iterator[Callable[[int], None]]:
+    """A callback taking the number of requests done; a thread prints 'done / total' every ``period_s``."""
+    done = [0]
+    stop = threading.Event()
+    began = time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(period_s):
+            print(f"  {label}: {done[0]}/{total} requests done ({time.monotonic() - began:.0f} s)", flush=True)
+
+    def update(count: int) -> None:
+        done[0] = count
+
+    printer = threading.Thread(target=report, daemon=True)
+    printer.start()
+    try:
+        yield update
+    finally:
+        stop.set()
+        printer.join()
+
+
+def _quiet_vllm_logging() -> None:
+    """vLLM logs to stdout at INFO; send only its errors, to stderr, so results stay readable.
+
+    Must run before vLLM is imported; variables already set in the environment win.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+# ----- argument types: a bad value is a one-line error before any work -----
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
+def _in_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such file")
+    return text
+
+
+def _model_dir(text: str) -> str:
+    from timely_llm.models.hub import is_hub_id
+
+    if text in MODEL_NAMES or is_hub_id(text) and not Path(text).exists():
+        return text
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such model directory (nor a Hugging Face id org/name)")
+    return text
+
+
+def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vllm-arg", action="append", default=[], type=_vllm_arg, metavar="KEY=VALUE",
+                   help="a vLLM engine argument (any EngineArgs field, e.g. max_num_seqs=8, dtype=float16, "
+                        "tensor_parallel_size=2), repeatable; VALUE read as YAML; the others as in the vllm section "
+                        "of config/timely_llm.yaml")
+
+
+def _vllm_arg(text: str) -> tuple[str, object]:
+    from timely_llm.engines.vllm_args import EngineArgsError, parse_assignment
+
+    try:
+        return parse_assignment(text)
+    except EngineArgsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """The --vllm-arg options as a dict, each a field the user may set (vLLM checks the values)."""
+    from timely_llm.engines.vllm_args import EngineArgsError, check_fields
+
+    given: dict[str, object] = {}
+    for key, value in pairs:
+        if key in given:
+            raise ConfigError("--vllm-arg", None, f"{key} given twice")
+        given[key] = value
+    try:
+        check_fields(given, "")
+    except EngineArgsError as exc:
+        raise ConfigError("--vllm-arg", None, str(exc)) from None
+    return given
+
+
+def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gib: float | None = None,
+                 announce: str = "", **options: tuple[str, object]):  # noqa: ANN202
+    """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
+    ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
+    ``kv_cache_gib``: the shipped one unless given. ``announce`` goes to stderr once the model and the arguments
+    passed the checks made before vLLM loads (so a refusal there stays one line)."""
+    from timely_llm.engines.vllm_args import EngineArgsError, engine_args, shipped_parameters
+    from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
+
+    try:
+        check_if_hub_id(model or "")  # before vLLM's import: an unreachable Hub fails in seconds
+    except ModelNotReachable as exc:
+        raise ConfigError("--model", None, str(exc)) from None
+    try:
+        arguments = engine_args(_checked_vllm_args(pairs), options, source="")
+    except EngineArgsError as exc:
+        raise ConfigError("--vllm-arg", None, str(exc)) from None
+    if announce:
+        print(announce, file=sys.stderr, flush=True)
+    try:
+        from timely_llm.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(model, kv_cache_gib=kv_cache_gib or shipped_parameters()["kv_cache_gib"], **arguments)
+    except (EngineArgsError, ModelNotReachable) as exc:
+        raise ConfigError("--vllm-arg" if isinstance(exc, EngineArgsError) else "--model", None, str(exc)) from None
+
+
+def _out_file(text: str) -> str:
+    """A file we can write: checked before the run, so a long run is not lost at the end."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r}: not writable")
+    return text
+
+
+def _out_dir(text: str) -> str:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} is not writable")
+    return text
+
+
+def _print_summary(result: dict) -> None:
+    from timely_llm.evaluation.metrics import fmt_metric as fmt
+
+    print(f"{result['policy']} on {result['workload']} ({result['hw']}, seed {result['seed']}):")
+    for category, s in result["summary"].items():
+        killed = f" killed={s['killed']}" if s.get("killed") else ""
+        shed = (f" shed={s['shed']}{killed} utility with shed={fmt(s['mean_utility_with_shed'])}"
+                if s.get("shed") or killed else "")
+        print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
+              f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s{shed}")
+
+
+BURSTY_MAX_BATCH = 8
