@@ -136,16 +136,20 @@ def _resend(tasks: ClosedLoopTasks, workload: Workload, setup: EngineSetup, seed
                           on_finish=on_finish)
     for robot in sorted({catalog[r.trace].robot for r in workload.requests}):
         server.warm_prefix(tokenizer.encode(catalog.prompt_text(robot, "")))
-    origin = clock.now()
-    all_tasks = []
-    for r in workload.requests:
-        trace = catalog[r.trace]
-        task = _Task(WorkloadRequest(r.id, origin + r.arrival, r.agent, r.trace, r.tuf),
-                     plan_steps(trace.plan, tasks.robots[trace.robot]), catalog.prompt_text(trace.robot, trace.prompt))
-        all_tasks.append(task)
+    all_tasks = _resend_tasks(tasks, workload, clock.now())
+    for task in all_tasks:
         driver.at(task.request.arrival, lambda server, task=task: submit(task, server))
     driver.run(server)
     return [_resend_record(t, tasks) for t in all_tasks]
+
+
+def _resend_tasks(tasks: ClosedLoopTasks, workload: Workload, origin: float) -> list[_Task]:
+    """Each request of ``workload`` as a ReAct client's task: its plan cut into steps, arriving from ``origin``."""
+    catalog = tasks.catalog
+    return [_Task(WorkloadRequest(r.id, origin + r.arrival, r.agent, r.trace, r.tuf),
+                  plan_steps(catalog[r.trace].plan, tasks.robots[catalog[r.trace].robot]),
+                  catalog.prompt_text(catalog[r.trace].robot, catalog[r.trace].prompt))
+            for r in workload.requests]
 
 
 def _observation(tasks: ClosedLoopTasks, task: _Task, step: int, seed: int) -> str:

@@ -163,29 +163,35 @@ def main() -> None:
         max_model_len=2048 if args.task else args.prompt_tokens + 512,
         kv_cache_gib=args.kv_cache_gib,
     )
-    tok = engine.tokenizer
-    if args.task:
-        from timely_llm.plan.grammar import plan_grammar
-        from timely_llm.plan.robot_file import load_skill_models
-        from timely_llm.planning import task_prompt
-        from timely_llm.workloads.traces import load_catalog
+    result = _measure_task(engine, args) if args.task else _measure_plan(engine, args)
+    print(json.dumps(result, indent=2))
+    engine.close()
 
-        grammar = plan_grammar(load_skill_models()["tello"])
-        prompt = tok.encode(task_prompt(load_catalog(), "tello", args.task))
-        plan = generated_plan(engine, prompt, grammar, args.max_new_tokens)
-        print(f"generated plan: {tok.decode(plan)}")
-        result = measure(engine, prompt, plan, segment_boundaries(engine, plan, ";{}"), args.repeats, grammar)
-        print(json.dumps(result, indent=2))
-        engine.close()
-        return
+
+def _measure_task(engine: Engine, args: argparse.Namespace) -> dict:
+    """The drone's plan for ``args.task``, generated in its grammar, then segmented at its statements."""
+    from timely_llm.plan.grammar import plan_grammar
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.planning import task_prompt
+    from timely_llm.workloads.traces import load_catalog
+
+    tok = engine.tokenizer
+    grammar = plan_grammar(load_skill_models()["tello"])
+    prompt = tok.encode(task_prompt(load_catalog(), "tello", args.task))
+    plan = generated_plan(engine, prompt, grammar, args.max_new_tokens)
+    print(f"generated plan: {tok.decode(plan)}")
+    return measure(engine, prompt, plan, segment_boundaries(engine, plan, ";{}"), args.repeats, grammar)
+
+
+def _measure_plan(engine: Engine, args: argparse.Namespace) -> dict:
+    """``args.plan`` forced after a prompt of ``args.prompt_tokens`` corpus tokens."""
+    tok = engine.tokenizer
     # ~3 characters per token; cutting the text first keeps the tokenizer quiet.
     prompt = tok.encode(CORPUS.read_text()[: 6 * args.prompt_tokens])[: args.prompt_tokens]
     plan = tok.encode(args.plan)
     if not tok.decode(plan[:1]):  # a leading special token (BOS) is no part of a plan
         plan = plan[1:]
-    result = measure(engine, prompt, plan, segment_boundaries(engine, plan), args.repeats)
-    print(json.dumps(result, indent=2))
-    engine.close()
+    return measure(engine, prompt, plan, segment_boundaries(engine, plan), args.repeats)
 
 
 if __name__ == "__main__":

@@ -188,32 +188,22 @@ def _robot_processes(robots: int, goals: int, domain_id: int, time_scale: float)
 
 def robot_main(agent: str, goals: int, time_scale: float) -> int:
     """One robot host: answer the parent's lines on stdin (see the module's docstring) until ``exit``."""
-    from action_msgs.msg import GoalStatusArray
     from rclpy.node import Node
-    from rclpy.qos import qos_profile_action_status_default
 
     from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.robots.fleet import ros_session
     from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
     from timely_llm.robots.topic_client import TopicPlanLink, TopicRobotClient
-    from timely_llm.ros.interfaces import PlanResult, RequestPlan
-    from timely_llm.ros.interfaces import Segment as SegmentMsg
-    from timely_llm.ros.names import agent_topics
-    from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
     from timely_llm.workloads.traces import load_catalog
 
     catalog, skills = load_catalog(), load_skill_models()
     robot = "tello"
     traces = [catalog[i] for i in sorted(t.id for t in catalog.traces.values() if t.robot == robot)]
     heard = {"action": (Heard(), Heard()), "topic": (Heard(), Heard())}
-    segments, results = agent_topics(agent)
-    taps = (("request_plan/_action/feedback", RequestPlan.Impl.FeedbackMessage, DEEP_RELIABLE, heard["action"][0]),
-            ("request_plan/_action/status", GoalStatusArray, qos_profile_action_status_default, heard["action"][1]),
-            (segments, SegmentMsg, AGENT_QOS, heard["topic"][0]), (results, PlanResult, AGENT_QOS, heard["topic"][1]))
     with ros_session(int(os.environ.get("ROS_DOMAIN_ID", "0"))) as (context, executor):
         node = Node(f"traffic_{agent}", context=context)
         executor.add_node(node)
-        for topic, kind, qos, tally in taps:
+        for topic, kind, qos, tally in _taps(agent, heard):
             node.create_subscription(kind, topic, tally.add, qos, raw=True)
         runner = SimulatedSkills(skills[robot], time_scale=time_scale)
         action_link, topic_link = PlanLink(node), TopicPlanLink(node)
@@ -228,6 +218,23 @@ def robot_main(agent: str, goals: int, time_scale: float) -> int:
         executor.remove_node(node)
         node.destroy_node()
     return 0 if ready else 1
+
+
+def _taps(agent: str, heard: dict[str, tuple[Heard, Heard]]) -> tuple[tuple, ...]:
+    """(topic, message type, QoS, tally) of what a robot hears on each interface: the action's feedback and
+    status, the agent's segments and results."""
+    from action_msgs.msg import GoalStatusArray
+    from rclpy.qos import qos_profile_action_status_default
+
+    from timely_llm.ros.interfaces import PlanResult, RequestPlan
+    from timely_llm.ros.interfaces import Segment as SegmentMsg
+    from timely_llm.ros.names import agent_topics
+    from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
+
+    segments, results = agent_topics(agent)
+    return (("request_plan/_action/feedback", RequestPlan.Impl.FeedbackMessage, DEEP_RELIABLE, heard["action"][0]),
+            ("request_plan/_action/status", GoalStatusArray, qos_profile_action_status_default, heard["action"][1]),
+            (segments, SegmentMsg, AGENT_QOS, heard["topic"][0]), (results, PlanResult, AGENT_QOS, heard["topic"][1]))
 
 
 def _answer_parent(clients: dict[str, RobotClient], heard: dict[str, tuple[Heard, Heard]], tasks: list[Trace]) -> None:
