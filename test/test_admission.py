@@ -9,6 +9,7 @@ from timely_llm.clock import VirtualClock
 from timely_llm.core.admission import AminAdmission, DeferredPrefill, departure_threshold
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Request, Status
 from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
 from timely_llm.engines.base import GenerationSpec
@@ -17,7 +18,7 @@ from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.sweep import with_kv_memory, workload_for
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog

@@ -10,13 +10,14 @@ import pytest
 import yaml
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.errors import ConfigError
 from timely_llm.plan.robot_file import load_skill_model, load_skill_models
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver
 
 SKILLS = load_skill_models()

@@ -13,13 +13,14 @@ import yaml
 from looker_robot import LOOKER
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import GenerationSpec, ResumeInfo
 from timely_llm.engines.vllm_engine import VllmEngine
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_model
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver
 
 pytestmark = pytest.mark.vllm

@@ -11,6 +11,7 @@ from timely_llm.core.estimator import (
     SegmentTimes,
 )
 from timely_llm.core.features import Features
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.priority import PUD
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
@@ -22,7 +23,7 @@ from timely_llm.evaluation.estimate_error import measure, segment_errors
 from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.profile_fit import fit_profile
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import POLICIES, Server
+from timely_llm.server import Server
 from timely_llm.workloads.generator import WorkloadSpec, generate
 from timely_llm.workloads.traces import load_catalog
 

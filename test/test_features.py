@@ -37,10 +37,11 @@ def test_sweep_runs_each_set_under_our_policies_and_the_baselines_once_without()
 def test_the_vllm_baselines_run_without_parts_and_ours_with_them():
     from timely_llm.clock import VirtualClock
     from timely_llm.core.admission import AminAdmission
+    from timely_llm.core.policies import POLICIES
     from timely_llm.engines.hardware import load_profile
     from timely_llm.engines.sim import SimEngine
     from timely_llm.plan.robot_file import load_skill_models
-    from timely_llm.server import POLICIES, Server
+    from timely_llm.server import Server
 
     parts = Features.parse("amin,ala")
     for name, policy in POLICIES.items():

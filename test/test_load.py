@@ -11,13 +11,14 @@ from guards import bounded
 
 from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import run_bench
 from timely_llm.evaluation.sweep import workload_for
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()

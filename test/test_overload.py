@@ -15,6 +15,7 @@ from timely_llm.clock import VirtualClock
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON, OverloadControl, in_first_segment, infeasible_at
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Status
 from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
@@ -23,7 +24,7 @@ from timely_llm.errors import ConfigError
 from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.metrics import markdown_table, run_end, shed_utility, summarize
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver
 from timely_llm.workloads.generator import BUILTIN, Workload, generate, load_workload
 from timely_llm.workloads.traces import load_catalog

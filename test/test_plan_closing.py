@@ -15,6 +15,7 @@ import random
 import pytest
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine, zero_time
@@ -24,7 +25,7 @@ from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.regex import EPS, INF, Alt, Cat, Chars, Regex, Repeat, render
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.plan.skills import SkillCall, SkillModel
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.workloads.traces import load_catalog
 
 MODELS = load_skill_models()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import ENDED, TRANSITIONS, IllegalTransition, Request, Status
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import SimulatedRobots
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver
 from timely_llm.workloads.traces import load_catalog
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from timely_llm.clock import VirtualClock
 from timely_llm.core.features import Features
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import POLICIES, PlanRequest, Server
+from timely_llm.server import PlanRequest, Server
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()

@@ -33,7 +33,7 @@ from timely_llm.core.overload import (
     OVERRUN_STRATEGIES,
     OverloadControl,
 )
-from timely_llm.core.priority import make_policy, request_priority
+from timely_llm.core.policies import ServingPolicy
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import OverloadState, Request, Segment, Status, call_text
 from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
@@ -51,36 +51,6 @@ from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.plan_stream import PlanStream
 from timely_llm.plan.skills import SkillModel
 from timely_llm.scheduler import Call, Scheduler, SchedulerOutput
-
-
-@dataclass(frozen=True)
-class ServingPolicy:
-    name: str
-    priority: str
-    segmented: bool
-    """Suspend the generation after each segment and queue it again."""
-    streaming: bool
-    """Dispatch each segment as soon as it exists (otherwise the whole plan at the end)."""
-    adaptive_batch: bool
-
-
-POLICIES = {
-    p.name: p
-    for p in (
-        ServingPolicy("vllm", "fcfs", segmented=False, streaming=False, adaptive_batch=False),
-        ServingPolicy("vllm-stream", "fcfs", segmented=False, streaming=True, adaptive_batch=False),
-        ServingPolicy("vllm-priority", "priority", segmented=False, streaming=True, adaptive_batch=False),
-        ServingPolicy("fcfs", "fcfs", segmented=True, streaming=True, adaptive_batch=True),
-        ServingPolicy("edf", "edf", segmented=True, streaming=True, adaptive_batch=True),
-        ServingPolicy("timelyllm", "pud", segmented=True, streaming=True, adaptive_batch=True),
-    )
-}
-
-def parts_of(policy: ServingPolicy, features: Features) -> Features:
-    """The scheduler parts a policy runs with: the unsegmented policies are the vLLM baselines and
-    run as vLLM does, without any."""
-    return features if policy.segmented else Features()
-
 
 MAX_CHARS_PER_TOKEN = 64
 """More characters than any token of a plan model's vocabulary holds: a reported value longer than its token
@@ -154,7 +124,7 @@ class Server:
         ones are the vLLM baselines). ``estimator``: the engine's step-time model, needed by the ``timebill``
         feature (``ala`` derives its throughput prior from it when given)."""
         self.engine = engine
-        features = parts_of(policy, features)
+        features = policy.parts(features)
         self.features = features
         self.robots = robots
         self.policy = policy
@@ -314,7 +284,7 @@ class Server:
         self._predict_gen_times(decision.started)
 
     def _start(self, request: Request, resumed: bool) -> None:
-        priority = request_priority(request.tuf.ert) if self.policy.priority == "priority" else 0
+        priority = self.policy.engine_priority(request.tuf.ert)
         spec = GenerationSpec(request.id, request.prompt_ids, list(request.output_ids),
                               request.max_new_tokens, request.forced_ids, priority, request.grammar,
                               tuple(request.observed))
@@ -470,7 +440,7 @@ def _scheduler(engine: Engine, robots: dict[str, SkillModel], policy: ServingPol
     batch = BatchController(policy.adaptive_batch, _batch_cap(max_batch, engine), network_latency,
                             throughput=_throughput_model(estimator) if features.ala else None,
                             wcet_model=timebill.wcet if timebill else None, counters=counters)
-    queue = GenerationQueue(make_policy(policy.priority, network_latency), timebill.queue_terms if timebill else None)
+    queue = GenerationQueue(policy.queue_order(network_latency), timebill.queue_terms if timebill else None)
     deferral = _deferred_prefill(estimator, robots, batch.max_batch) if features.deferred_prefill else NoDeferral()
     memory = (AminAdmission if features.amin else KvAdmission)(engine.blocks_for)
     return Scheduler(engine, queue, batch, overload, running, timebill or ProfiledTimes(), memory, deferral,

@@ -12,11 +12,12 @@ from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
+from timely_llm.core.policies import ServingPolicy, serving_policy
 from timely_llm.core.request import Request, Segment
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.plan.skills import SkillModel
-from timely_llm.server import POLICIES, PlanRequest, Server, ServingPolicy, parts_of
+from timely_llm.server import PlanRequest, Server
 
 Action = Callable[[Server], object]
 """Something that happens to the server at a time: a request arrives, a robot reports."""
@@ -46,22 +47,20 @@ class ServerConfig:
 
     @property
     def serving_policy(self) -> ServingPolicy:
-        return POLICIES[self.policy]
+        return serving_policy(self.policy)
 
     @property
     def parts(self) -> Features:
         """The parts the policy runs with: none under the unsegmented ones (the vLLM baselines)."""
-        return parts_of(self.serving_policy, self.features)
+        return self.serving_policy.parts(self.features)
 
     def estimator(self) -> ExecutionTimeEstimator | None:
         """The step-time model the parts take; ValueError when timebill or deferred_prefill is on without one."""
         return estimator_for(self.parts, self.step_profile, self.step_profile_source)
 
     def vllm_args(self) -> dict[str, str]:
-        """The vLLM engine arguments the policy decides: vLLM's own priority scheduling (each generation's
-        priority orders vLLM's waiting queue and picks its preemption victim) under a priority policy
-        (vllm-priority), FCFS under the others."""
-        return {"scheduling_policy": "priority" if self.serving_policy.priority == "priority" else "fcfs"}
+        """The vLLM engine arguments the policy decides (``ServingPolicy.engine_scheduling``)."""
+        return {"scheduling_policy": self.serving_policy.engine_scheduling}
 
 
 def build_server(config: ServerConfig, engine: Engine, robots: dict[str, SkillModel],

@@ -12,15 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from timely_llm.core.features import Features
 from timely_llm.errors import ConfigError
 from timely_llm.models import MODEL_NAMES
-
-if TYPE_CHECKING:
-    pass
-
 
 POLICY_HELP = {
     "vllm": "FCFS continuous batching; the whole plan is dispatched when it is complete",

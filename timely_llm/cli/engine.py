@@ -31,7 +31,10 @@ from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
 if TYPE_CHECKING:
-    pass
+    from timely_llm.evaluation.peer_bench import PeerBench, Run
+    from timely_llm.plan.skills import SkillModel
+    from timely_llm.workloads.generator import Workload
+    from timely_llm.workloads.traces import TraceCatalog
 
 
 def _add_profile(p: argparse.ArgumentParser) -> None:
@@ -114,15 +117,7 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _peer_bench(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation.peer_bench import (
-        EngineConfig,
-        PeerBench,
-        Run,
-        RunRecord,
-        first_segments,
-        machine_loads,
-        table,
-    )
+    from timely_llm.evaluation.peer_bench import Run, RunRecord
 
     if args.inputs:
         runs = []
@@ -130,31 +125,14 @@ def _peer_bench(args: argparse.Namespace) -> int:
             for raw in _read_json(path)["runs"]:
                 records = [RunRecord(**r) for r in raw.pop("records")]
                 runs.append(Run(**raw, records=records))
-        print(table(runs))
-        print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
-        print("\nThe machine during the runs:\n" + machine_loads(runs))
+        _print_peer_runs(runs)
         return 0
     if args.out is None:
         raise ConfigError("--out", None, "is required unless --from is given")
     if "remote" in args.node_engines and not args.serve_configs:
         raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
-    from timely_llm.models import resolve_model
-    from timely_llm.plan.robot_file import load_skill_models
-    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
-    from timely_llm.workloads.traces import load_catalog
-
     _quiet_vllm_logging()
-    catalog = load_catalog()
-    path, dtype = resolve_model(args.model)
-    engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
-                          max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, block_size=args.block_size)
-    workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
-    if args.first:
-        workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
-    bench = PeerBench(engine, workloads,
-                      load_skill_models(None), catalog, tuple(args.serve_configs), tuple(args.policies),
-                      args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent,
-                      node_engines=tuple(args.node_engines))
+    bench = _peer_bench_of(args)
 
     def progress(line: str) -> None:
         print(line, flush=True)
@@ -162,18 +140,43 @@ def _peer_bench(args: argparse.Namespace) -> int:
 
     bench.run(progress)
     Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
-    print(table(bench.runs))
-    print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(bench.runs))
-    print("\nThe machine during the runs:\n" + machine_loads(bench.runs))
+    _print_peer_runs(bench.runs)
     print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
     return 0
+
+
+def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
+    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench
+    from timely_llm.models import resolve_model
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+    from timely_llm.workloads.traces import load_catalog
+
+    catalog = load_catalog()
+    path, dtype = resolve_model(args.model)
+    engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
+                          max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, block_size=args.block_size)
+    workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
+    if args.first:
+        workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
+    return PeerBench(engine, workloads, load_skill_models(None), catalog, tuple(args.serve_configs),
+                     tuple(args.policies), args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent,
+                     node_engines=tuple(args.node_engines))
+
+
+def _print_peer_runs(runs: list[Run]) -> None:
+    from timely_llm.evaluation.peer_bench import first_segments, machine_loads, table
+
+    print(table(runs))
+    print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
+    print("\nThe machine during the runs:\n" + machine_loads(runs))
 
 
 FIDELITY_POLICIES = ("timelyllm", "vllm-stream")
 
 
 def _add_fidelity(p: argparse.ArgumentParser) -> None:
-    from timely_llm.server import POLICIES
+    from timely_llm.core.policies import POLICIES
     from timely_llm.workloads.peer import PEER_WORKLOADS
 
     p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
@@ -206,16 +209,9 @@ def _fidelity(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.engines.sim_tokenizer import SimTokenizer
     from timely_llm.evaluation import fidelity
-    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
 
     profile = load_profile(args.hw)
-    if args.workload in PEER_WORKLOADS:
-        skills, catalog, _ = _load_inputs(argparse.Namespace(workload="WID1", seed=args.seed, skill_models=None))
-        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
-    else:
-        skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
-    if args.first:
-        workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
+    skills, catalog, workload = _fidelity_inputs(args)
     policies = list(dict.fromkeys(args.policies))
     print(f"{len(workload.requests)} requests of {workload.name}, batch cap {args.max_batch}; simulator {profile.name} "
           f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
@@ -238,12 +234,22 @@ def _fidelity(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.name,
                                               "model": str(args.model), "max_batch": args.max_batch,
                                               "runs": [r.to_json() for r in runs]}))
-    print(fidelity.outcome_table(runs))
-    print()
-    print(fidelity.step_table(runs))
-    print()
-    print("\n".join(fidelity.load_lines(runs)))
+    print("\n\n".join([fidelity.outcome_table(runs), fidelity.step_table(runs), "\n".join(fidelity.load_lines(runs))]))
     return 0
+
+
+def _fidelity_inputs(args: argparse.Namespace) -> tuple[dict[str, SkillModel], TraceCatalog, Workload]:
+    """The robots, the catalog and the workload (a peer workload or any bench one), cut to ``--first``."""
+    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
+
+    if args.workload in PEER_WORKLOADS:
+        skills, catalog, _ = _load_inputs(argparse.Namespace(workload="WID1", seed=args.seed, skill_models=None))
+        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
+    else:
+        skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
+    if args.first:
+        workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
+    return skills, catalog, workload
 
 
 MIN_PROFILE_MODEL_LEN = 128

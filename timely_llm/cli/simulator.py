@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from timely_llm.cli.common import (
     DEFAULT_HW,
@@ -29,9 +28,6 @@ from timely_llm.core.features import Features
 from timely_llm.core.overload import OVERRUN_STRATEGIES
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    pass
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
@@ -232,7 +228,7 @@ def _ablation(args: argparse.Namespace) -> int:
 
 
 def _policies() -> list[str]:
-    from timely_llm.server import POLICIES
+    from timely_llm.core.policies import POLICIES
 
     return list(POLICIES)
 
@@ -413,7 +409,7 @@ def _loop_cost(args: argparse.Namespace) -> int:
 
 
 def _add_estimate_error(p: argparse.ArgumentParser) -> None:
-    from timely_llm.server import POLICIES
+    from timely_llm.core.policies import POLICIES
 
     p.description = ("Run a workload on the simulator with the profiled constant G(s) and with TimeBill's estimate "
                      "(feature timebill), and print the median absolute relative error of each segment's predicted "

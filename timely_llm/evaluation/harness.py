@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.metrics import summarize
 from timely_llm.plan.skills import SIMULATED_VALUES, SkillModel
-from timely_llm.server import POLICIES, PlanRequest
+from timely_llm.server import PlanRequest
 from timely_llm.serving import Action, Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import Workload, WorkloadRequest
 from timely_llm.workloads.traces import TraceCatalog

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from timely_llm.core.features import Features
+from timely_llm.core.policies import POLICIES as SERVING_POLICIES
 from timely_llm.engines.hardware import HardwareProfile, load_profile
 from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.metrics import fmt_metric
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.plan.skills import SkillModel
-from timely_llm.server import POLICIES as SERVING_POLICIES
 from timely_llm.workloads.generator import BUILTIN, Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
 from timely_llm.workloads.traces import TraceCatalog, load_catalog
 

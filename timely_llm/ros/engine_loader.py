@@ -12,6 +12,7 @@ from rclpy.parameter import Parameter
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import Features
+from timely_llm.core.policies import serving_policy
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import Engine
 from timely_llm.engines.vllm_args import engine_args, from_parameters
@@ -21,7 +22,7 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
 from timely_llm.ros.parameters import ENGINE_PREFIXES, foreign_engine_parameters, foreign_engine_refusal
 from timely_llm.ros.server_loop import ServerLoop
-from timely_llm.server import POLICIES, Server
+from timely_llm.server import Server
 from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import load_catalog
 
@@ -111,8 +112,10 @@ class EngineLoader:
 
     def _make_server(self) -> Server:
         policy = self._param("policy")
-        if policy not in POLICIES:
-            raise ValueError(f"parameter policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        try:
+            serving_policy(policy)
+        except ValueError as exc:
+            raise ValueError(f"parameter policy {exc}") from None
         self._check_engine_parameters()
         self._catalog = load_catalog()
         files = [f for f in self._node.get_parameter_or("skill_models", Parameter("", value=[])).value if f]

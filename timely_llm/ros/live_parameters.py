@@ -16,13 +16,13 @@ from collections.abc import Callable
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
+from timely_llm.core.policies import serving_policy
 from timely_llm.ros.engine_loader import default_tufs
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.parameters import refuse_while_configured
 from timely_llm.ros.server_loop import ServerLoop, set_max_new_tokens, use_policy
 from timely_llm.ros.status import StatusReporter
-from timely_llm.server import POLICIES, ServingPolicy
 
 
 class LiveParameters:
@@ -51,13 +51,15 @@ class LiveParameters:
         return result
 
     def _policy_refusal(self, name: str) -> str:
-        if name not in POLICIES:
-            return f"must be one of {', '.join(POLICIES)}, got {name!r}"
+        try:
+            policy = serving_policy(name)
+        except ValueError as exc:
+            return str(exc)
         server = self._node.server
-        if server is not None and _serving_mode(POLICIES[name]) != _serving_mode(server.policy):
+        if server is not None and policy.mode != server.policy.mode:
             return (f"{name} serves in another mode than {server.policy.name} (segmented, streaming, adaptive "
                     "batch): set it while the node is unconfigured")
-        if server is not None and _engine_priorities(POLICIES[name]) != _engine_priorities(server.policy):
+        if server is not None and policy.engine_scheduling != server.policy.engine_scheduling:
             return (f"{name} and {server.policy.name} differ in the engine's own scheduling (vLLM's "
                     "scheduling_policy, fixed when the engine starts): set it while the node is unconfigured")
         return ""
@@ -81,7 +83,7 @@ class LiveParameters:
         if "max_new_tokens" in names:
             self._loop.send(functools.partial(set_max_new_tokens, param("max_new_tokens")))
         if "policy" in names:
-            self._loop.send(functools.partial(use_policy, POLICIES[param("policy")]))
+            self._loop.send(functools.partial(use_policy, serving_policy(param("policy"))))
         self._node.get_logger().info(f"parameters set: {', '.join(sorted(names))}")
 
 
@@ -91,12 +93,3 @@ def _check_then_apply(check: Callable[[list[Parameter]], SetParametersResult],
     if result.successful:
         apply(params)
     return result
-
-
-def _engine_priorities(policy: ServingPolicy) -> bool:
-    """Whether the engine orders its own queue by the generations' priorities (vllm-priority)."""
-    return policy.priority == "priority"
-
-
-def _serving_mode(policy: ServingPolicy) -> tuple[bool, bool, bool]:
-    return policy.segmented, policy.streaming, policy.adaptive_batch

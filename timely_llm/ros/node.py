@@ -59,6 +59,7 @@ from rclpy.signals import SignalHandlerOptions
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import Features
+from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
 from timely_llm.engines.remote_settings import parameters as remote_parameters
@@ -76,7 +77,7 @@ from timely_llm.ros.parameters import CONFIGURE_TIME_PREFIXES, descriptor
 from timely_llm.ros.robot_reports import RobotReports
 from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.ros.status import StatusReporter
-from timely_llm.server import POLICIES, Server
+from timely_llm.server import Server
 
 EXECUTOR_THREADS = 8
 """A session shared with clients that may wait (tests, fleet, demo): one thread per callback group (goals and

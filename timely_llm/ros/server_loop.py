@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from timely_llm.clock import WallClock
-from timely_llm.core.priority import make_policy
-from timely_llm.server import Server, ServingPolicy
+from timely_llm.core.policies import ServingPolicy
+from timely_llm.server import Server
 
 IDLE_WAIT_S = 0.05
 
@@ -86,7 +86,7 @@ def use_policy(policy: ServingPolicy, server: Server) -> None:
     """Another policy of the same serving mode and engine scheduling: only the queue's order differs, so switching
     between engine steps is safe for the requests in flight (LiveParameters refuses the others)."""
     server.policy = policy
-    server.queue.policy = make_policy(policy.priority, server.network_latency)
+    server.queue.policy = policy.queue_order(server.network_latency)
 
 
 def set_max_new_tokens(value: int, server: Server) -> None:
