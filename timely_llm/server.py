@@ -142,6 +142,8 @@ class Server:
         self.lock = threading.RLock()
         self.counters: Counter[str] = Counter()
         """Events of the run by name (preemptions, shed requests...), for benchmarks and the status topic."""
+        self.last_step_s = float("nan")
+        """The last engine step's duration, as its output gives it (NaN before the first)."""
         running: dict[str, Request] = {}
         self.overload = OverloadControl(features.shed, running, timebill, network_latency, self.counters,
                                         finish=self._finish, notify=lambda request: self.on_infeasible(request))
@@ -247,6 +249,7 @@ class Server:
             out = self._step_engine()
         if out is None:
             return True
+        self.last_step_s = out.duration
         # A modelled step elapses without the lock, so requests and robot reports are not held up.
         self.clock.sleep_until(began + out.duration)
         with self.lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from timely_llm.server import PlanRequest, Server
 
 Action = Callable[[Server], object]
 """Something that happens to the server at a time: a request arrives, a robot reports."""
+IDLE_WAIT_S = 0.05
+"""How long a loop that runs until stopped idles with nothing due (a new action wakes it at once)."""
 
 
 @dataclass(frozen=True)
@@ -78,19 +81,33 @@ def build_server(config: ServerConfig, engine: Engine, robots: dict[str, SkillMo
 
 
 class Driver:
-    """Drives a server: the actions due (arrivals, robot reports) run, then the server steps; with nothing
-    to step, the clock idles until the next action; with no action left either, the run ends."""
+    """The one loop that drives a server, in the benchmarks and in the node: the actions due (arrivals, robot
+    reports, commands sent from other threads) run, then the server steps; with nothing to step, the clock idles
+    until the next action. Without a ``stop`` flag the run ends when no action is left; with one it ends once the
+    flag is cleared, after the actions already due."""
 
-    def __init__(self, clock: VirtualClock | WallClock) -> None:
+    def __init__(self, clock: VirtualClock | WallClock,
+                 on_error: Callable[[str, Exception], None] | None = None) -> None:
+        """``on_error``: told of an action or a step that raised, and the loop goes on (the node's: one
+        failure must not stop serving everyone); None: the error ends the run."""
         self.clock = clock
+        self.on_error = on_error
         self._due: list[tuple[float, int, Action]] = []
+        self._lock = threading.Lock()
         self._order = itertools.count()
         """Ties between actions due at one time go by when they were scheduled."""
         self.peak_queue = 0
         """Most generations ever waiting in the server's queue at a scheduling point."""
 
     def at(self, t: float, action: Action) -> None:
-        heapq.heappush(self._due, (t, next(self._order), action))
+        """Run ``action`` at ``t`` (from any thread)."""
+        with self._lock:
+            heapq.heappush(self._due, (t, next(self._order), action))
+        self.clock.wake()
+
+    def send(self, action: Action) -> None:
+        """Run ``action`` before the next step (from any thread)."""
+        self.at(self.clock.now(), action)
 
     def arrive(self, plan: PlanRequest) -> None:
         """Submit ``plan`` at its arrival time."""
@@ -102,16 +119,54 @@ class Driver:
         """``on_segment`` of robots that execute each segment in no time: reported after the step."""
         self.at(self.clock.now(), lambda server: _report_now(server, request.id, segment.index))
 
-    def run(self, server: Server) -> None:
-        while True:
-            while self._due and self._due[0][0] <= self.clock.now():
-                heapq.heappop(self._due)[2](server)
+    def run(self, server: Server, stop: threading.Event | None = None) -> None:
+        """Drive ``server``; ``stop``: run while it is set (the node's loop), else until no action is left."""
+        while stop is None or stop.is_set():
+            self._run_due(server)
             self.peak_queue = max(self.peak_queue, len(server.queue))
-            if server.step():
+            if self._step(server):
                 continue
-            if not self._due:
+            next_due = self._next_due()
+            if next_due is None and stop is None:
                 return
-            self.clock.idle_until(self._due[0][0])
+            self.clock.idle_until(IDLE_WAIT_S + self.clock.now() if next_due is None else next_due)
+        self._run_due(server)
+
+    def _run_due(self, server: Server) -> None:
+        while (action := self._pop_due()) is not None:
+            self._guarded("action", lambda: action(server))
+
+    def _step(self, server: Server) -> bool:
+        stepped = [False]
+
+        def step() -> None:
+            stepped[0] = server.step()
+
+        if not self._guarded("step", step):
+            self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
+        return stepped[0]
+
+    def _guarded(self, what: str, call: Callable[[], object]) -> bool:
+        """Run ``call``; an error goes to ``on_error`` where there is one (False then), else up."""
+        if self.on_error is None:
+            call()
+            return True
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - told to on_error; the loop goes on
+            self.on_error(what, exc)
+            return False
+        return True
+
+    def _pop_due(self) -> Action | None:
+        with self._lock:
+            if self._due and self._due[0][0] <= self.clock.now():
+                return heapq.heappop(self._due)[2]
+        return None
+
+    def _next_due(self) -> float | None:
+        with self._lock:
+            return self._due[0][0] if self._due else None
 
 
 def _report_now(server: Server, request_id: str, index: int) -> None:

@@ -2,44 +2,45 @@
 
 from __future__ import annotations
 
-import collections
-import functools
 import threading
-import time
 from collections.abc import Callable
 
 from timely_llm.clock import WallClock
 from timely_llm.core.policies import ServingPolicy
 from timely_llm.server import Server
-
-IDLE_WAIT_S = 0.05
+from timely_llm.serving import Driver
 
 Command = Callable[[Server], None]
 """Something the server loop applies to the Server between engine steps."""
 
 
 class ServerLoop:
-    """The inbox (any thread appends, the loop pops) and the loop's thread, one per configured server."""
+    """The node's thread running the one server loop (``serving.Driver``) over a configured server: ROS callbacks
+    send it commands (its thread-safe inbox), applied between engine steps, until the node stops it."""
 
     def __init__(self, clock: WallClock, log: object) -> None:
         self.clock = clock
         self._log = log  # the node's logger
-        self._inbox: collections.deque[Command] = collections.deque()
+        self._driver = Driver(clock, on_error=self._failed)
         self._thread: threading.Thread | None = None
         self._running = threading.Event()
-        self.last_step_s = float("nan")
+        self._server: Server | None = None
+
+    @property
+    def last_step_s(self) -> float:
+        """How long the last engine step took (NaN before the first)."""
+        return self._server.last_step_s if self._server is not None else float("nan")
 
     def send(self, command: Command) -> None:
         """Queue ``command`` for the loop (any thread) and wake it."""
-        self._inbox.append(command)
-        self.clock.wake()
+        self._driver.send(command)
 
     def start(self, server: Server) -> None:
-        server.step = self._timed(server.step)
+        self._server = server
         self._running = running = threading.Event()
         running.set()
-        self._thread = threading.Thread(target=self._serve, args=(server, running), name="timely_llm_server_loop",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._driver.run, args=(server, running),
+                                        name="timely_llm_server_loop", daemon=True)
         self._thread.start()
 
     def stop(self) -> threading.Thread | None:
@@ -51,35 +52,8 @@ class ServerLoop:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _serve(self, server: Server, running: threading.Event) -> None:
-        while running.is_set():
-            try:
-                self._apply_inbox(server)
-                if not server.step():
-                    self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
-            except Exception as exc:  # noqa: BLE001 - a bug in one step must not stop serving everyone
-                self._log.error(f"server step failed: {exc!r}")
-                self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
-        self._apply_inbox(server)  # no longer serving: goals still waiting to be submitted end aborted
-
-    def _apply_inbox(self, server: Server) -> None:
-        while self._inbox:
-            command = self._inbox.popleft()
-            try:
-                command(server)
-            except Exception as exc:  # noqa: BLE001 - one command's failure must not hold up the rest
-                self._log.error(f"server command failed: {exc!r}")
-
-    def _timed(self, step: Callable[[], bool]) -> Callable[[], bool]:
-        """``server.step`` timing each engine step it runs, for the diagnostics."""
-        @functools.wraps(step)
-        def timed() -> bool:
-            began = time.monotonic()
-            stepped = step()
-            if stepped:
-                self.last_step_s = time.monotonic() - began
-            return stepped
-        return timed
+    def _failed(self, what: str, exc: Exception) -> None:
+        self._log.error(f"server {'step' if what == 'step' else 'command'} failed: {exc!r}")
 
 
 def use_policy(policy: ServingPolicy, server: Server) -> None:
