@@ -9,7 +9,6 @@ from timely_llm.clock import VirtualClock
 from timely_llm.core.admission import AminAdmission, DeferredPrefill, departure_threshold
 from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Request, Status
 from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
 from timely_llm.engines.base import GenerationSpec
@@ -19,7 +18,7 @@ from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.sweep import with_kv_memory, workload_for
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
-from timely_llm.serving import Driver
+from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import BUILTIN, generate
 from timely_llm.workloads.traces import load_catalog
 
@@ -164,8 +163,8 @@ def deferral_server(max_batch: int = 8) -> tuple[Server, Driver, SimEngine]:
     driver = Driver(clock)
     skills = {**SKILLS, "arm": SKILLS["arm"].served_open_loop()}
     robots = SimulatedRobots(skills, 0.008, 0, driver.at)
-    server = Server(engine, skills, POLICIES["timelyllm"], clock, 0.008, max_batch, on_segment=robots.on_segment,
-                    features=Features(deferred_prefill=True), estimator=ExecutionTimeEstimator.from_profile(STALLED))
+    config = ServerConfig("timelyllm", 0.008, Features(deferred_prefill=True), max_batch, step_profile=STALLED)
+    server = build_server(config, engine, skills, clock, on_segment=robots.on_segment)
     return server, driver, engine
 
 

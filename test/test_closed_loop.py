@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from timely_llm.clock import VirtualClock
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
@@ -18,7 +17,7 @@ from timely_llm.engines.sim import SimEngine
 from timely_llm.errors import ConfigError
 from timely_llm.plan.robot_file import load_skill_model, load_skill_models
 from timely_llm.server import PlanRequest, Server
-from timely_llm.serving import Driver
+from timely_llm.serving import Driver, ServerConfig, build_server
 
 SKILLS = load_skill_models()
 MOBILE = SKILLS["mobile_base"]
@@ -135,8 +134,8 @@ def serve(plans: list[tuple[str, str, str]], values: dict[str, str | None], in_p
     driver = Driver(clock)
     robots = Robots(driver, values)
     ended: dict[str, Outcome] = {}
-    server = Server(engine, SKILLS, POLICIES[policy], clock, LATENCY, None, on_segment=robots.on_segment,
-                    on_finish=lambda r: ended.__setitem__(r.id, Outcome.of(r)))
+    server = build_server(ServerConfig(policy, LATENCY), engine, SKILLS, clock, on_segment=robots.on_segment,
+                          on_finish=lambda r: ended.__setitem__(r.id, Outcome.of(r)))
     tok = engine.tokenizer
     for i, (rid, robot, plan) in enumerate(plans):
         prompt = tok.encode(SKILLS[robot].prompt_text(f"Scene: [kitchen, cup, dock], Task: task {i}"))
@@ -227,8 +226,8 @@ def test_a_robot_that_never_answers_is_ended_by_the_watchdog_and_the_others_go_o
 def test_a_value_reported_before_the_engine_suspended_the_generation_resumes_it_in_order() -> None:
     engine = SimEngine(load_profile("rtx4090-llama3-8b"), suspends_in_place=True)
     ended: dict[str, Outcome] = {}
-    server = Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), LATENCY, None,
-                    on_segment=lambda r, s: None, on_finish=lambda r: ended.__setitem__(r.id, Outcome.of(r)))
+    server = build_server(ServerConfig("timelyllm", LATENCY), engine, SKILLS, VirtualClock(),
+                          on_finish=lambda r: ended.__setitem__(r.id, Outcome.of(r)))
     tok = engine.tokenizer
     request = server.submit(PlanRequest("r", "r", "mobile_base", tok.encode(MOBILE.prompt_text("find the cup")),
                                         NORMAL_TUF, forced_ids=tok.encode(PLAN)))

@@ -13,7 +13,6 @@ import yaml
 from looker_robot import LOOKER
 
 from timely_llm.clock import VirtualClock
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Segment, Status
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import GenerationSpec, ResumeInfo
@@ -21,7 +20,7 @@ from timely_llm.engines.vllm_engine import VllmEngine
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_model
 from timely_llm.server import PlanRequest, Server
-from timely_llm.serving import Driver
+from timely_llm.serving import Driver, ServerConfig, build_server
 
 pytestmark = pytest.mark.vllm
 
@@ -59,8 +58,8 @@ def test_the_value_is_forced_into_the_context_and_the_plan_grammar_goes_on_after
             server.segment_done(request.id, segment.index, clock.now(), clock.now(), result=VALUE)
         driver.at(clock.now() + 1.0, report)
 
-    server = Server(engine, {"looker": robot}, POLICIES["timelyllm"], clock, 0.0, None, on_segment=on_segment,
-                    on_finish=lambda r: ended.append(Outcome.of(r)))
+    server = build_server(ServerConfig("timelyllm", 0.0), engine, {"looker": robot}, clock, on_segment=on_segment,
+                          on_finish=lambda r: ended.append(Outcome.of(r)))
     prompt = engine.tokenizer.encode(robot.prompt_text("Find the keys, then the wallet."))
     driver.arrive(PlanRequest("r", "a", "looker", prompt, NORMAL_TUF, max_new_tokens=24, arrival=0.0))
     driver.run(server)

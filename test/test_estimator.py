@@ -11,7 +11,6 @@ from timely_llm.core.estimator import (
     SegmentTimes,
 )
 from timely_llm.core.features import Features
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.priority import PUD
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment, Status
@@ -23,7 +22,7 @@ from timely_llm.evaluation.estimate_error import measure, segment_errors
 from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.evaluation.profile_fit import fit_profile
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import Server
+from timely_llm.serving import ServerConfig
 from timely_llm.workloads.generator import WorkloadSpec, generate
 from timely_llm.workloads.traces import load_catalog
 
@@ -229,8 +228,8 @@ def test_bench_on_a_real_engine_needs_its_step_profile_for_timebill(tmp_path, ca
 
 def test_timebill_needs_an_estimator():
     engine = SimEngine(PROFILE)
-    with pytest.raises(ValueError, match="estimator"):
-        Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), features=Features(timebill=True))
+    with pytest.raises(ValueError, match="the timebill and deferred_prefill features need"):
+        ServerConfig("timelyllm", 0.008, Features(timebill=True))
     setup = EngineSetup("real", lambda: engine, VirtualClock)
     with pytest.raises(ValueError, match="timely-llm profile"):
         run_bench(workload(), "timelyllm", setup, SKILLS, CATALOG, features=Features(timebill=True))

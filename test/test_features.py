@@ -3,6 +3,7 @@
 import pytest
 
 from timely_llm.core.features import DEFAULT, Features
+from timely_llm.serving import ServerConfig, build_server
 
 
 def test_parse_names_all_none_default():
@@ -41,11 +42,10 @@ def test_the_vllm_baselines_run_without_parts_and_ours_with_them():
     from timely_llm.engines.hardware import load_profile
     from timely_llm.engines.sim import SimEngine
     from timely_llm.plan.robot_file import load_skill_models
-    from timely_llm.server import Server
 
     parts = Features.parse("amin,ala")
     for name, policy in POLICIES.items():
-        server = Server(SimEngine(load_profile("rtx4090-llama3-8b")), load_skill_models(), policy, VirtualClock(),
-                        features=parts)
+        server = build_server(ServerConfig(name, 0.008, parts), SimEngine(load_profile("rtx4090-llama3-8b")),
+                              load_skill_models(), VirtualClock())
         assert server.features == (parts if policy.segmented else Features()), name
         assert isinstance(server.memory, AminAdmission) == policy.segmented, name

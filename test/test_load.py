@@ -11,7 +11,6 @@ from guards import bounded
 
 from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
@@ -19,6 +18,7 @@ from timely_llm.evaluation.harness import run_bench
 from timely_llm.evaluation.sweep import workload_for
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
+from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()
@@ -52,7 +52,7 @@ def test_no_collapse_at_400_agents(cap):
 def priority_server(max_batch: int) -> tuple[Server, VirtualClock, SimEngine]:
     clock = VirtualClock()
     engine = SimEngine(PROFILE)
-    return Server(engine, SKILLS, POLICIES["vllm-priority"], clock, max_batch=max_batch), clock, engine
+    return build_server(ServerConfig("vllm-priority", 0.008, max_batch=max_batch), engine, SKILLS, clock), clock, engine
 
 
 def plan(engine: SimEngine, rid: str, trace: int, arrival: float) -> PlanRequest:

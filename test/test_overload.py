@@ -12,10 +12,8 @@ from record_checks import check_record, check_shed_record
 
 from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
-from timely_llm.core.estimator import ExecutionTimeEstimator
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON, OverloadControl, in_first_segment, infeasible_at
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.request import Outcome, Request, Status
 from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
@@ -25,7 +23,7 @@ from timely_llm.evaluation.harness import SimulatedRobots, run_bench
 from timely_llm.evaluation.metrics import markdown_table, run_end, shed_utility, summarize
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
-from timely_llm.serving import Driver
+from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.generator import BUILTIN, Workload, generate, load_workload
 from timely_llm.workloads.traces import load_catalog
 
@@ -35,38 +33,34 @@ LATENCY = 0.008
 DRONE_TRACES = (1, 3, 4, 6, 7, 8)
 
 
-class LoggedServer(Server):
-    """A Server that notes the time of every scheduling point, where each request was when it was told it
-    is infeasible, and the running first segments predicted past their cut-off (checked at every scheduling
-    point and submit)."""
+class ServerLog:
+    """Notes, on a server built the product's way, the time of every scheduling point, where each request was
+    when it was told it is infeasible, and the running first segments predicted past their cut-off (checked at
+    every scheduling point and submit)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, server: Server) -> None:
         self.points: list[float] = []
         self.told_while: dict[str, Status] = {}
         self.past_cutoff: dict[str, float] = {}
         """Request id -> the first scheduling point at which it ran predicted past its cut-off."""
-        check = self.overload.check
+        check, tell, step, overload = server.overload.check, server.overload.tell, server.step, server.overload
 
         def noting_check(now: float) -> None:  # at every scheduling point and submit
-            for r in self.running.values():
-                if in_first_segment(r) and now + self.overload.first_segment_left(r, now, len(self.running)) > (
-                        r.arrival + r.tuf.cutoff - self.network_latency):
+            for r in server.running.values():
+                if in_first_segment(r) and now + overload.first_segment_left(r, now, len(server.running)) > (
+                        r.arrival + r.tuf.cutoff - server.network_latency):
                     self.past_cutoff.setdefault(r.id, now)
             check(now)
-
-        self.overload.check = noting_check
-        tell = self.overload.tell
 
         def noting_tell(request: Request, now: float, left: float | None) -> None:
             self.told_while[request.id] = request.status
             tell(request, now, left)
 
-        self.overload.tell = noting_tell
+        def noting_step() -> bool:
+            self.points.append(server.clock.now())  # each step is one scheduling point
+            return step()
 
-    def step(self) -> bool:
-        self.points.append(self.clock.now())  # each step is one scheduling point
-        return super().step()
+        overload.check, overload.tell, server.step = noting_check, noting_tell, noting_step
 
 
 class Run:
@@ -80,10 +74,11 @@ class Run:
         self.told: list[tuple[float, str]] = []
         self.driver = Driver(self.clock)
         robots = SimulatedRobots(SKILLS, LATENCY, 0, self.driver.at)
-        self.server = LoggedServer(self.engine, SKILLS, POLICIES["timelyllm"], self.clock, LATENCY, max_batch,
-                                   on_segment=robots.on_segment, on_finish=self._finished, features=features,
-                                   estimator=ExecutionTimeEstimator.from_profile(hardware),
+        config = ServerConfig("timelyllm", LATENCY, features, max_batch, step_profile=hardware)
+        self.server = build_server(config, self.engine, SKILLS, self.clock, on_segment=robots.on_segment,
+                                   on_finish=self._finished,
                                    on_infeasible=lambda r: self.told.append((self.clock.now(), r.id)))
+        self.log = ServerLog(self.server)
 
     def _finished(self, request: Request) -> None:
         self.ended.append((self.clock.now(), Outcome.of(request).to_record()))
@@ -130,7 +125,7 @@ def test_infeasible_requests_are_shed_within_one_scheduling_step() -> None:
     records = run.records()
     shed = [r for r in records.values() if r["shed"]]
     assert len(records) == 60 and len(shed) == run.server.counters["shed"] > 0
-    points = run.server.points
+    points = run.log.points
     for rec in shed:
         check_shed_record(rec, SKILLS[rec["robot"]].segment_generation_time, LATENCY)
         due = infeasible_time(rec)
@@ -153,7 +148,7 @@ def test_with_timebill_the_fastest_first_segment_is_predicted_for_the_hardware()
         runs[features.timebill] = run = Run(features, profile=profile)
         run.burst(60, URGENT_TUF)
         run.driver.run(run.server)
-    told = {tb: {r["id"]: r for r in run.records().values() if r["shed"] and run.server.told_while[r["id"]].queued}
+    told = {tb: {r["id"]: r for r in run.records().values() if r["shed"] and run.log.told_while[r["id"]].queued}
             for tb, run in runs.items()}  # shed from the queue (those shed while running: the test below)
     assert len(told[True]) > len(told[False]) > 0
     for rec in told[True].values():
@@ -161,7 +156,7 @@ def test_with_timebill_the_fastest_first_segment_is_predicted_for_the_hardware()
         assert fastest > SKILLS[rec["robot"]].segment_generation_time  # slower hardware than the profiled G's
         due = infeasible_at(rec["arrival"], URGENT_TUF.cutoff, fastest, LATENCY)
         assert due < rec["infeasible_at"]
-        assert not [p for p in runs[True].server.points if due < p < rec["infeasible_at"]]
+        assert not [p for p in runs[True].log.points if due < p < rec["infeasible_at"]]
 
 
 EDGE_TUF = TUF(ert=1.2, alpha=-2.0, beta=1.0)
@@ -182,13 +177,13 @@ def test_running_first_segments_predicted_past_their_cutoff_in_their_batch_are_s
         served = [r["utility"] for r in records.values() if not r["shed"]]
         utility[shed] = sum(served) / len(served)
     assert utility[False] < 0 < utility[True]
-    server = run.server
-    running = {rid for rid, status in server.told_while.items() if status is Status.RUNNING}
-    assert running and server.counters["shed_running"] == len(running)
-    assert set(server.past_cutoff) == running  # every one predicted past its cut-off was shed...
+    log = run.log
+    running = {rid for rid, status in log.told_while.items() if status is Status.RUNNING}
+    assert running and run.server.counters["shed_running"] == len(running)
+    assert set(log.past_cutoff) == running  # every one predicted past its cut-off was shed...
     for rid in running:
         rec = records[rid]
-        assert rec["shed"] and rec["infeasible_at"] == server.past_cutoff[rid]  # ...at that very point
+        assert rec["shed"] and rec["infeasible_at"] == log.past_cutoff[rid]  # ...at that very point
         tuf = rec["tuf"]
         assert tuf["alpha"] * (rec["best_response"] - tuf["ert"]) + tuf["beta"] < 0
 
@@ -259,7 +254,7 @@ def test_kill_aborts_a_plan_whose_segment_overran() -> None:
         else:
             continue
         assert deadline < t
-        assert not [p for p in run.server.points if deadline < p < t]
+        assert not [p for p in run.log.points if deadline < p < t]
         checked[min(index, 1)] += 1
     assert checked[0] and checked[1]  # first segments and later ones
     for _, rec in run.ended:

@@ -15,7 +15,6 @@ import random
 import pytest
 
 from timely_llm.clock import VirtualClock
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine, zero_time
@@ -25,7 +24,8 @@ from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.regex import EPS, INF, Alt, Cat, Chars, Regex, Repeat, render
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.plan.skills import SkillCall, SkillModel
-from timely_llm.server import PlanRequest, Server
+from timely_llm.server import PlanRequest
+from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import load_catalog
 
 MODELS = load_skill_models()
@@ -77,8 +77,8 @@ def replay_every_prefix(model: SkillModel, plan_ids: list[int], tokenizer: SimTo
         segments[request.id].append(segment.text)
         reports.append((request.id, segment.index, segment.waits_for))
 
-    server = Server(engine, {model.robot: model}, POLICIES[policy], VirtualClock(), network_latency=0.0,
-                    on_segment=dispatched, on_finish=lambda r: finished.append(r.id))
+    server = build_server(ServerConfig(policy, 0.0), engine, {model.robot: model}, VirtualClock(),
+                          on_segment=dispatched, on_finish=lambda r: finished.append(r.id))
     prompt = tokenizer.encode("Plan: ")
     for budget in range(1, len(plan_ids) + 1):
         segments[str(budget)] = []

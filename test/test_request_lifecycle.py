@@ -13,7 +13,7 @@ from timely_llm.engines.sim import SimEngine
 from timely_llm.evaluation.harness import SimulatedRobots
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
-from timely_llm.serving import Driver
+from timely_llm.serving import Driver, ServerConfig, build_server
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()
@@ -57,8 +57,8 @@ def new_server(policy: str, max_batch: int | None = None) -> tuple[Server, Drive
     ended: list[Request] = []
     driver = Driver(clock)
     robots = SimulatedRobots(SKILLS, LATENCY, 0, driver.at)
-    server = Server(engine, SKILLS, POLICIES[policy], clock, LATENCY, max_batch, on_segment=robots.on_segment,
-                    on_finish=ended.append)
+    server = build_server(ServerConfig(policy, LATENCY, max_batch=max_batch), engine, SKILLS, clock,
+                          on_segment=robots.on_segment, on_finish=ended.append)
     return server, driver, engine, ended
 
 

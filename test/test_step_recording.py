@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from timely_llm.clock import VirtualClock
 from timely_llm.core.features import Features
-from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.server import PlanRequest, Server
+from timely_llm.server import PlanRequest
+from timely_llm.serving import ServerConfig, build_server
 from timely_llm.workloads.traces import load_catalog
 
 SKILLS = load_skill_models()
@@ -32,7 +32,7 @@ class CompilingFirst(SimEngine):
 def test_engine_steps_that_decode_nothing_do_not_teach_the_batch_controller() -> None:
     # such a step timed as a decode step of the whole batch made the throughput curve's knee 1 on the CPU
     engine = CompilingFirst(load_profile("cpu-2core-smollm2-135m"))
-    server = Server(engine, SKILLS, POLICIES["timelyllm"], VirtualClock(), features=Features(ala=True))
+    server = build_server(ServerConfig("timelyllm", 0.008, Features(ala=True)), engine, SKILLS, VirtualClock())
     trace = CATALOG[1]
     server.submit(PlanRequest("r", "a", trace.robot, engine.tokenizer.encode(trace.prompt), NORMAL_TUF,
                               forced_ids=engine.tokenizer.encode(trace.plan)))
