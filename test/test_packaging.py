@@ -212,7 +212,7 @@ class Workspace:
 
 
 def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
-    script = ("import timely_llm_interfaces.msg as msg, timely_llm.cli as cli; from timely_llm.plan.skills import "
+    script = ("import timely_llm_interfaces.msg as msg, timely_llm.cli as cli; from timely_llm.plan.robot_file import "
               "skill_model_dir; print(cli.__file__, skill_model_dir(), msg.__file__)")
     out = subprocess.run(workspace.sourced(f"python -c '{script}'"), cwd=workspace.root, env=venv_env(0, None),
                          capture_output=True, text=True, timeout=START_TIMEOUT_S)
