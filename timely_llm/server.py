@@ -1,6 +1,7 @@
-"""The server loop: joins the queue, the batch controller, the segmenter and an engine.
+"""The server: joins the queue, the batch controller, the segmenter and an engine; ``serving.Driver`` is the loop
+that steps it, in the benchmarks and on the node's thread alike.
 
-One loop serves every engine and every policy. Each ``step()`` is a scheduling
+One server serves every engine and every policy. Each ``step()`` is a scheduling
 point: priorities are re-evaluated, admissible generations join the batch, the
 engine runs one iteration, new text is segmented, and each finished segment is
 dispatched (``on_segment``). Under segmented policies a generation that just
