@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from test_vllm_engine import drive
 
-from timely_llm.plan.grammar import plan_grammar
-from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.vllm_engine import VllmEngine
+from timely_llm.plan.grammar import plan_grammar
+from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.planning import generate_plan, task_prompt
 from timely_llm.workloads.traces import load_catalog
 
