@@ -36,7 +36,7 @@ from rclpy.publisher import Publisher
 
 from timely_llm.plan.skills import SkillModel
 from timely_llm.robots.fleet import ros_session
-from timely_llm.robots.robot_client import MATCH_POLL_S, PlanLink, SimulatedSkills, robot_publisher
+from timely_llm.robots.robot_client import MATCH_POLL_S, PlanLink, robot_publisher, simulated_value
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.messages import duration_msg, status_name
 from timely_llm.ros.names import report_topic
@@ -213,7 +213,7 @@ class Swarm:
         with self._lock:
             start = max(time.monotonic(), self._lane_free.get(segment.request_id, 0.0))
             self._lane_free[segment.request_id] = start + seconds
-        value = SimulatedSkills(model, self.seed).value(segment, rng)  # the arm's scan waits for one
+        value = simulated_value(model, segment, rng)  # the arm's scan waits for one
         report = SegmentDone(agent_id=_agent_id(agent), request_id=segment.request_id, index=segment.index,
                              duration=duration_msg(seconds), success=True, result=value or "")
         self._timers.at(start + seconds, functools.partial(self._report, agent, report))

@@ -61,15 +61,16 @@ class SimulatedSkills:
     def __call__(self, segment: SegmentMsg, label: str) -> SegmentResult:
         rng = segment_rng(self.seed, label, segment.index)
         seconds = self.model.sample_exec_time(segment.text, rng) * self.time_scale
-        value = self.value(segment, rng)
+        value = simulated_value(self.model, segment, rng)
         return run_timed(lambda: time.sleep(seconds), lambda: value)
 
-    def value(self, segment: SegmentMsg, rng: random.Random) -> str | None:
-        """The value of the segment's last call when the plan waits for it: one of its return type's."""
-        if not segment.waits_for or not segment.skills:
-            return None
-        skill = self.model.skills.get(segment.skills[-1].name)
-        return rng.choice(SIMULATED_VALUES[(skill.returns if skill else None) or "text"])
+
+def simulated_value(model: SkillModel, segment: SegmentMsg, rng: random.Random) -> str | None:
+    """The value of the segment's last call when the plan waits for it: one of its return type's."""
+    if not segment.waits_for or not segment.skills:
+        return None
+    skill = model.skills.get(segment.skills[-1].name)
+    return rng.choice(SIMULATED_VALUES[(skill.returns if skill else None) or "text"])
 
 
 def segment_rng(seed: int, label: str, index: int) -> random.Random:
