@@ -100,14 +100,14 @@ class Driver:
         """Most generations ever waiting in the server's queue at a scheduling point."""
 
     def at(self, t: float, action: Action) -> None:
-        """Run ``action`` at ``t`` (from any thread)."""
+        """Run ``action`` at ``t``."""
         with self._lock:
             heapq.heappush(self._due, (t, next(self._order), action))
-        self.clock.wake()
 
     def send(self, action: Action) -> None:
-        """Run ``action`` before the next step (from any thread)."""
+        """Run ``action`` before the next step; from any thread: it wakes the loop."""
         self.at(self.clock.now(), action)
+        self.clock.wake()
 
     def arrive(self, plan: PlanRequest) -> None:
         """Submit ``plan`` at its arrival time."""
@@ -134,29 +134,24 @@ class Driver:
 
     def _run_due(self, server: Server) -> None:
         while (action := self._pop_due()) is not None:
-            self._guarded("action", lambda: action(server))
+            try:
+                action(server)
+            except Exception as exc:  # noqa: BLE001 - told to on_error, where there is one
+                self._failed("action", exc)
 
     def _step(self, server: Server) -> bool:
-        stepped = [False]
-
-        def step() -> None:
-            stepped[0] = server.step()
-
-        if not self._guarded("step", step):
-            self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
-        return stepped[0]
-
-    def _guarded(self, what: str, call: Callable[[], object]) -> bool:
-        """Run ``call``; an error goes to ``on_error`` where there is one (False then), else up."""
-        if self.on_error is None:
-            call()
-            return True
         try:
-            call()
-        except Exception as exc:  # noqa: BLE001 - told to on_error; the loop goes on
-            self.on_error(what, exc)
+            return server.step()
+        except Exception as exc:  # noqa: BLE001 - told to on_error, where there is one
+            self._failed("step", exc)
+            self.clock.idle_until(self.clock.now() + IDLE_WAIT_S)
             return False
-        return True
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """An action or a step raised: ``on_error`` is told and the loop goes on; without one, the run ends."""
+        if self.on_error is None:
+            raise exc
+        self.on_error(what, exc)
 
     def _pop_due(self) -> Action | None:
         with self._lock:
