@@ -145,11 +145,13 @@ def _resend(tasks: ClosedLoopTasks, workload: Workload, setup: EngineSetup, seed
 
 def _resend_tasks(tasks: ClosedLoopTasks, workload: Workload, origin: float) -> list[_Task]:
     """Each request of ``workload`` as a ReAct client's task: its plan cut into steps, arriving from ``origin``."""
-    catalog = tasks.catalog
-    return [_Task(WorkloadRequest(r.id, origin + r.arrival, r.agent, r.trace, r.tuf),
-                  plan_steps(catalog[r.trace].plan, tasks.robots[catalog[r.trace].robot]),
-                  catalog.prompt_text(catalog[r.trace].robot, catalog[r.trace].prompt))
-            for r in workload.requests]
+    made = []
+    for r in workload.requests:
+        trace = tasks.catalog[r.trace]
+        made.append(_Task(WorkloadRequest(r.id, origin + r.arrival, r.agent, r.trace, r.tuf),
+                          plan_steps(trace.plan, tasks.robots[trace.robot]),
+                          tasks.catalog.prompt_text(trace.robot, trace.prompt)))
+    return made
 
 
 def _observation(tasks: ClosedLoopTasks, task: _Task, step: int, seed: int) -> str:
