@@ -13,7 +13,7 @@ from record_checks import check_record, check_shed_record
 from timely_llm.cli import main
 from timely_llm.clock import VirtualClock
 from timely_llm.core.features import Features
-from timely_llm.core.overload import INFEASIBLE_REASON, OverloadControl, in_first_segment, infeasible_at
+from timely_llm.core.overload import INFEASIBLE_REASON, OverloadControl, Verdict, in_first_segment, infeasible_at
 from timely_llm.core.request import Outcome, Request, Status
 from timely_llm.core.tuf import TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
@@ -36,7 +36,7 @@ DRONE_TRACES = (1, 3, 4, 6, 7, 8)
 class ServerLog:
     """Notes, on a server built the product's way, the time of every scheduling point, where each request was
     when it was told it is infeasible, and the running first segments predicted past their cut-off (checked at
-    every scheduling point and submit)."""
+    every scheduling point)."""
 
     def __init__(self, server: Server) -> None:
         self.points: list[float] = []
@@ -45,16 +45,16 @@ class ServerLog:
         """Request id -> the first scheduling point at which it ran predicted past its cut-off."""
         check, tell, step, overload = server.overload.check, server.overload.tell, server.step, server.overload
 
-        def noting_check(now: float) -> None:  # at every scheduling point and submit
+        def noting_check(now: float) -> list[Verdict]:  # at every scheduling point
             for r in server.running.values():
                 if in_first_segment(r) and now + overload.first_segment_left(r, now, len(server.running)) > (
                         r.arrival + r.tuf.cutoff - server.network_latency):
                     self.past_cutoff.setdefault(r.id, now)
-            check(now)
+            return check(now)
 
-        def noting_tell(request: Request, now: float, left: float | None) -> None:
+        def noting_tell(request: Request, now: float, left: float | None) -> Verdict:
             self.told_while[request.id] = request.status
-            tell(request, now, left)
+            return tell(request, now, left)
 
         def noting_step() -> bool:
             self.points.append(server.clock.now())  # each step is one scheduling point
@@ -204,16 +204,19 @@ def test_admission_keeps_running_first_segments_able_to_make_their_cutoff(monkey
     assert shed_running[True] < shed_running[False]
 
 
-def test_goal_time_infeasible_is_ended_at_submit_unless_the_robot_keeps_waiting() -> None:
+def test_goal_time_infeasible_is_ended_at_the_next_scheduling_point_unless_the_robot_keeps_waiting() -> None:
     impossible = TUF(ert=0.0, alpha=-100.0, beta=1.0)  # cut-off 10 ms: below network latency + G
     run = Run(Features(shed=True))
     run.server.submit(run.plan("gone", 6, impossible))
-    assert [rec["id"] for _, rec in run.ended] == ["gone"]  # ended inside submit, before any step
+    assert not run.ended  # a submit ends no request, not even its own
+    assert not run.server.step()  # the scheduling point sheds it before the engine could start it
+    assert [rec["id"] for _, rec in run.ended] == ["gone"]
     rec = run.ended[0][1]
     assert rec["status"] == "aborted" and rec["reason"] == INFEASIBLE_REASON and rec["infeasible_at"] == 0.0
     run.server.submit(run.plan("kept", 6, impossible, keep_if_infeasible=True))
-    assert run.told == [(0.0, "kept")] and len(run.ended) == 1
+    assert not run.told
     run.driver.run(run.server)
+    assert run.told == [(0.0, "kept")] and len(run.ended) == 2
     kept = run.records()["kept"]
     check_record(kept, LATENCY)
     assert kept["infeasible_at"] == 0.0 and not kept["shed"] and kept["utility"] < 0

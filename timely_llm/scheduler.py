@@ -1,41 +1,70 @@
-"""The scheduler: owns the queue, the running, parked and blocked sets and the transitions between
-them, and at each scheduling point returns what the engine must start, resume and suspend; it runs nothing.
+"""The scheduler: decides, and the loop applies. ``schedule(now)`` carries out overload control and returns what
+the engine must start, resume and suspend; ``update_from_output(out, now)`` takes an engine step's output and
+owns what follows (tokens into plan streams, segments cut, generations parked, blocked or done). Both return
+what the loop must then do, in order: engine releases and what robots are told (``Notice``). It runs nothing.
 
 The blocked set is the paper's waiting queue (§8): a generation whose dispatched segment ends in a
 blocking call leaves the schedulable set, suspended in the engine (which keeps its KV in place while
 memory allows and gives it back to the prefix cache under pressure), until the robot reports the
 value; it then joins the queue again, its next segment's TUF counted from the report.
-
-A request's status and its place change together, here, in one method per transition of the state
-machine drawn in ``timely_llm.core.request``; the server loop applies the returned engine calls in
-order and ``remove`` is the one way out.
 """
 
 from __future__ import annotations
 
-import enum
-from collections import Counter
 from dataclasses import dataclass, field
 
 from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral
 from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ProfiledTimes, SegmentTimes
-from timely_llm.core.overload import OverloadControl
-from timely_llm.core.queue import GenerationQueue
-from timely_llm.core.request import Request, Status
-from timely_llm.engines.base import Engine, KvView
+from timely_llm.core.filling import BatchFilling
+from timely_llm.core.overload import OVERRUN_NONE, OverloadControl, Verdict
+from timely_llm.core.places import Call, RequestPlaces
+from timely_llm.core.request import Request, Segment, Status, call_text
+from timely_llm.engines.base import Engine, ResumeInfo, StepOutput
+
+MAX_CHARS_PER_TOKEN = 64
+"""More characters than any token of a plan model's vocabulary holds: a reported value longer than its token
+limit times this is refused before it is tokenized."""
 
 
-class Call(enum.Enum):
-    """An engine call the loop makes for a scheduling decision."""
+@dataclass
+class Ended:
+    """A request ended (``request.status`` and ``reason`` say how): the loop tells its robot."""
 
-    START = "start"  # a generation the engine does not hold yet
-    RESUME = "resume"  # a suspended generation the engine holds
-    SUSPEND = "suspend"
+    request: Request
+    in_engine: bool
+    """The engine still holds its generation: the loop releases it first."""
+
+
+@dataclass
+class Generated:
+    """A plan is complete: the engine can forget its generation."""
+
+    request: Request
+
+
+@dataclass
+class Dispatched:
+    """A segment is cut: the loop sends it to the robot."""
+
+    request: Request
+    segment: Segment
+
+
+@dataclass
+class Infeasible:
+    """A request that keeps waiting can no longer get utility >= 0: the loop tells its robot."""
+
+    request: Request
+
+
+Notice = Ended | Generated | Dispatched | Infeasible
 
 
 @dataclass
 class SchedulerOutput:
+    notices: list[Notice] = field(default_factory=list)
+    """What overload control ended or told, before any engine call."""
     calls: list[tuple[Call, Request]] = field(default_factory=list)
     """Engine calls in the order decided."""
     started: list[tuple[Request, int]] = field(default_factory=list)
@@ -43,207 +72,219 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, queue: GenerationQueue, batch: BatchController, overload: OverloadControl,
-                 running: dict[str, Request], times: SegmentTimes | ProfiledTimes,
-                 memory: AminAdmission | KvAdmission, deferral: DeferredPrefill | NoDeferral,
-                 network_latency: float, counters: Counter[str]) -> None:
-        """``engine``: asked about KV memory only (what is free, what a context takes). ``times``, ``memory``
-        and ``deferral``: the scheduler parts (TimeBill, Amin, deferred prefill) or their do-nothing stand-ins."""
+    def __init__(self, engine: Engine, places: RequestPlaces, batch: BatchController, overload: OverloadControl,
+                 times: SegmentTimes | ProfiledTimes, memory: AminAdmission | KvAdmission,
+                 deferral: DeferredPrefill | NoDeferral, network_latency: float, segmented: bool) -> None:
+        """``engine``: asked about KV memory (what is free, what a context takes) and for its tokenizer (a
+        robot's value written into a plan); ``times``, ``memory`` and ``deferral``: the scheduler parts (TimeBill,
+        Amin, deferred prefill) or their do-nothing stand-ins; ``segmented``: a generation is parked after each
+        segment (else it runs on to its plan's end)."""
         self.engine = engine
-        self.queue = queue
+        self.places = places
+        self.queue = places.queue
+        self.running, self.parked, self.blocked = places.running, places.parked, places.blocked
         self.batch = batch
         self.overload = overload
-        self.running = running
-        self.parked: dict[str, Request] = {}
-        """Generations at a segment boundary: queued, yet still in the engine until the next scheduling point."""
         self.times = times
         self.memory = memory
         self.deferral = deferral
         self.network_latency = network_latency
-        self.counters = counters
-        self.evicted: set[str] = set()
-        """Generations Amin suspended whose resume prefill is still to count as recomputed."""
-        self.blocked: dict[str, Request] = {}
-        """Generations waiting for the value of the blocking call their last segment ended with."""
-        self._blocking: dict[str, Request] = {}
-        """Blocked since the last scheduling point: still to suspend in the engine."""
-        self._out = SchedulerOutput()
-        self._kv_view: KvView | None = None
+        self.segmented = segmented
+        self.counters = places.counters
+        self.filling = BatchFilling(places, batch, overload, times, memory, deferral, engine, network_latency,
+                                    places.counters)
+        self._notices: list[Notice] = []
+        self._step_batch = (0, 0)
+        """The batch the engine step runs and its KV tokens, for the step-time models (``applied``)."""
 
-    def schedule(self, now: float) -> SchedulerOutput:
-        """Fill the batch from the queue in priority order, as far as the batch controller allows.
-
-        A parked generation (at a segment boundary, still in the engine) competes like any
-        queued one: picked, it simply keeps running; passed over, it is suspended. It is
-        suspended early when a more urgent generation needs the room or memory it holds.
-        With Amin (``features.amin``) memory is counted by segment lower bounds, and running
-        generations are suspended first when the next step's KV would not fit (core/admission.py).
-        """
-        self._out, self._kv_view = SchedulerOutput(), None
-        for blocked in self._blocking.values():
-            self._call(Call.SUSPEND, blocked)
-        self._blocking.clear()
-        reserved = self._evict_on_overflow()
-        self.times.join_running(self.running.values(), self.batch.max_batch)
-        self.queue.token_time = self.times.token_time()
-        prefilling = deferring = False
-        running = self.batch.ordered(self.running.values())  # kept in step with self.running below
-        while len(self.queue) > 0:
-            request = self._most_urgent_parked() if deferring else self.queue.best(now)
-            if request is None:
-                break
-            parked = request.id in self.parked
-            if not parked and not prefilling and self._defers(request, now):
-                deferring = True  # the parked generations, which need no prefill, may still go on
-                self.counters["deferred_prefills"] += 1
-                continue
-            needed, free = self._memory(request, parked, reserved)
-            if (not self.batch.admits(running, now, free, needed, request)
-                    or self.overload.breaks_a_cutoff(request, now)):
-                if parked or not self.parked:
-                    break
-                self._suspend_parked()  # they rank below this one: free what they hold and retry
-                continue
-            reserved += needed
-            self._admit(request, parked, now)
-            running.add(request)
-            prefilling = prefilling or not parked
-        self._suspend_parked()
-        if prefilling:
-            self.deferral.prefilled(len(self.running))
-        return self._out
-
-    def _admit(self, request: Request, parked: bool, now: float) -> None:
-        """Into the batch: a parked generation goes on, a queued one is (re)started."""
-        self._out.started.append((request, self.times.uncached_tokens(request)))
-        if parked:
-            self._keep_running(request)
-        else:
-            self._start(request, now)
-
-    def _memory(self, request: Request, parked: bool, reserved: int) -> tuple[int, int]:
-        """KV blocks ``request`` needs to (go on) run and those free for it."""
-        kv = self._kv()
-        return self.memory.blocks_needed(request, parked, kv), self.memory.free(kv, reserved)
-
-    def _kv(self) -> KvView:
-        """The engine's KV memory once the calls decided so far are made."""
-        if self._kv_view is None:
-            suspended = [r.id for call, r in self._out.calls if call is Call.SUSPEND]
-            resumed = [r.id for call, r in self._out.calls if call is Call.RESUME]
-            self._kv_view = self.engine.kv_after(suspended, resumed)
-        return self._kv_view
-
-    def _evict_on_overflow(self) -> int:
-        """Amin's overflow resolution: suspend running generations, in its eviction order, until the
-        next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
-        growth, reserve = self.memory.demand(self.running.values())
-        if growth and growth > self._kv().free_blocks:
-            for victim in self.memory.eviction_order(self.running.values(), self.network_latency):
-                self._evict(victim)
-                growth, reserve = self.memory.demand(self.running.values())
-                if growth <= self._kv().free_blocks:
-                    break
-        return reserve
-
-    def _defers(self, request: Request, now: float) -> bool:
-        """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
-        could make it miss its deadline."""
-        if not self.deferral.defers(len(self.running) + len(self.parked), len(self.queue) - len(self.parked)):
-            return False
-        batch = max(len(self.running), 1)
-        return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
-
-    def _most_urgent_parked(self) -> Request | None:
-        return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
-
-    def _suspend_parked(self) -> None:
-        for request in list(self.parked.values()):
-            self._suspend(request)
-
-    def _call(self, call: Call, request: Request) -> None:
-        self._out.calls.append((call, request))
-        self._kv_view = None
-
-    # ----- transitions: each changes a request's status and its place together -----
+    # ----- requests and robot reports -----
 
     def add(self, request: Request) -> None:
-        """Submitted: WAITING in the queue."""
-        self.queue.push(request)
+        self.places.add(request)
+        self.overload.submitted(request)
 
-    def _start(self, request: Request, now: float) -> None:
-        """WAITING or SUSPENDED -> RUNNING: out of the queue, (re)started in the engine."""
-        came_from = request.advance(Status.RUNNING)
-        self.queue.remove(request.id)
-        self.running[request.id] = request
-        if request.seg_gen_start is None:
-            request.seg_gen_start = now
-        self._call(Call.RESUME if came_from is Status.SUSPENDED else Call.START, request)
+    def end(self, request: Request, status: Status, reason: str, in_engine: bool | None = None) -> list[Notice]:
+        """End a live request (canceled, aborted by the loop); ``in_engine``: whether the engine holds the
+        generation, where its status cannot tell (a start the engine refused)."""
+        self._end(request, status, reason, in_engine)
+        return self._take_notices()
 
-    def park(self, request: Request) -> None:
-        """RUNNING -> PARKED: a segment was dispatched; queued again, still in the engine."""
-        request.advance(Status.PARKED)
-        del self.running[request.id]
-        self.parked[request.id] = request
-        self.queue.push(request)
+    def reported(self, request: Request, index: int, exec_start: float, exec_end: float, success: bool,
+                 reason: str, value: str | None) -> list[Notice]:
+        """A robot executed segment ``index`` (server-clock times); ``value``: what the blocking call the
+        segment ended with returned (ignored for a segment that did not wait)."""
+        segment = request.segments[index]
+        segment.exec_start, segment.exec_end, segment.success = exec_start, exec_end, success
+        last = index == len(request.segments) - 1
+        if not success:
+            self._end(request, Status.ABORTED, f"robot failed segment {index}: {reason or 'no reason given'}")
+        else:
+            if last:
+                self._set_prev_end(request, exec_end)
+            if last and request.status is Status.BLOCKED:
+                self._observe(request, value)
+            self._finish_if_done(request)
+        return self._take_notices()
 
-    def block(self, request: Request) -> None:
-        """RUNNING -> BLOCKED: a segment ending in a blocking call was dispatched; out of the queue, suspended
-        at the next scheduling point (before any engine step: nothing past the call is generated)."""
-        request.advance(Status.BLOCKED)
-        del self.running[request.id]
-        self.blocked[request.id] = request
-        self._blocking[request.id] = request
+    # ----- the scheduling point -----
 
-    def observed(self, request: Request) -> None:
-        """BLOCKED -> SUSPENDED: its observation was appended; queued again for its next segment."""
-        request.advance(Status.SUSPENDED)
-        del self.blocked[request.id]
-        request.seg_gen_start = None
-        self.queue.push(request)
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Overload control, then the generations blocked since the last point suspended, then the batch
+        filled from the queue in priority order (core/filling.py)."""
+        for verdict in self.overload.check(now):
+            self._carry_out(verdict)
+        notices = self._take_notices()
+        self.places.suspend_blocked()
+        started = self.filling.fill(now)
+        return SchedulerOutput(notices, self.places.take_calls(), started)
 
-    def _keep_running(self, request: Request) -> None:
-        """PARKED -> RUNNING: picked at the next scheduling point, it goes on where it is."""
-        request.advance(Status.RUNNING)
-        self.queue.remove(request.id)
-        del self.parked[request.id]
-        self.running[request.id] = request
+    def applied(self, output: SchedulerOutput) -> None:
+        """The loop made the calls of ``output`` (ending those the engine refused): G(s) predicted for each
+        segment whose generation (re)started, and the batch the step runs noted for the step-time models."""
+        if output.started:
+            self.times.join_running(self.running.values(), None)
+        for request, uncached in output.started:
+            if request.status is not Status.RUNNING or request.seg_tokens:
+                continue  # the engine rejected it, or it resumed mid-segment: the prediction at its start stands
+            request.seg_predicted = self.times.gen_time(request, uncached, len(self.running))
+        self._step_batch = len(self.running), self.times.kv_tokens(self.running.values())
 
-    def _suspend(self, request: Request) -> None:
-        """PARKED -> SUSPENDED: passed over; the engine drops it from the batch, keeping its context cached."""
-        request.advance(Status.SUSPENDED)
-        del self.parked[request.id]
-        self._call(Call.SUSPEND, request)
-        request.seg_gen_start = None
-        self.queue.update(request)  # with TimeBill its G(s) now includes the resume prefill
+    def _carry_out(self, verdict: Verdict) -> None:
+        if verdict.reason is None:
+            self._notices.append(Infeasible(verdict.request))
+        else:
+            self._end(verdict.request, Status.ABORTED, verdict.reason)
 
-    def _evict(self, request: Request) -> None:
-        """RUNNING -> SUSPENDED: Amin frees KV memory mid-segment; queued again, its token ids kept
-        (the segment goes on from there when it is resumed)."""
-        request.advance(Status.SUSPENDED)
-        del self.running[request.id]
-        self._call(Call.SUSPEND, request)
-        self.queue.push(request)
-        self.counters["amin_evictions"] += 1
-        self.evicted.add(request.id)
+    # ----- the engine step's output -----
 
-    def generated(self, request: Request) -> None:
-        """RUNNING -> GENERATED: the plan is complete; out of the running set (the server releases it from the
-        engine)."""
-        request.advance(Status.GENERATED)
-        del self.running[request.id]
+    def update_from_output(self, out: StepOutput, now: float) -> list[Notice]:
+        """What follows an engine step: the step-time models learn, each generation's new tokens go into its
+        plan stream and the segments they complete are cut, and each generation is parked, blocked or done."""
+        self._learn(out)
+        self._note_starts(out)
+        for gen_id, cause in out.failed.items():
+            if gen_id in self.running:
+                self._end(self.running[gen_id], Status.ABORTED, f"engine error: {cause}")
+        for gen_id in [*out.new_tokens, *(g for g in out.finished if g not in out.new_tokens)]:
+            request = self.running.get(gen_id)
+            if request is not None:
+                self._consume(request, out.new_tokens.get(gen_id, []), gen_id in out.finished, now)
+        return self._take_notices()
 
-    def remove(self, request: Request, status: Status) -> Status:
-        """Any live status -> SUCCEEDED, ABORTED or CANCELED: out of every place; returns the status left."""
-        came_from = request.advance(status)
-        self.evicted.discard(request.id)
-        if came_from.queued:
-            self.queue.remove(request.id)
-        if came_from is Status.RUNNING:
-            del self.running[request.id]
-        elif came_from is Status.PARKED:
-            del self.parked[request.id]
-        elif came_from is Status.BLOCKED:
-            del self.blocked[request.id]
-            self._blocking.pop(request.id, None)  # not suspended yet: the engine releases it running
-        return came_from
+    def _learn(self, out: StepOutput) -> None:
+        """Step-time models learn from steps that produced tokens (vLLM steps with nothing to run, grammars
+        compiling, time nothing); the engine's own recompute preemptions are counted (what memory-safe
+        admission avoids)."""
+        if out.duration > 0 and out.new_tokens:
+            batch, kv_tokens = self._step_batch
+            self.batch.record_step(out.duration, len(out.new_tokens), prefill=bool(out.started))
+            self.times.record_step(out.duration, batch, kv_tokens)
+        if out.preempted:
+            self.counters["preemptions"] += len(out.preempted)
+        if out.recomputed_tokens:
+            self.counters["recomputed_tokens"] += out.recomputed_tokens
+
+    def _note_starts(self, out: StepOutput) -> None:
+        for gen_id, info in out.started.items():
+            if gen_id in self.running:
+                self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
+                _record_resume_prefill(self.running[gen_id], info)
+            if gen_id in self.places.evicted:  # Amin's eviction costs what its resume prefills again
+                self.places.evicted.discard(gen_id)
+                self.counters["recomputed_tokens"] += info.context_tokens - info.cached_tokens
+
+    def _consume(self, request: Request, tokens: list[int], finished: bool, now: float) -> None:
+        request.output_ids.extend(tokens)
+        request.seg_tokens += len(tokens)
+        assert request.stream is not None  # submit gave it one
+        pieces, last = request.stream.push(request, tokens, finished)
+        if finished:
+            self.places.generated(request)
+            self._notices.append(Generated(request))
+        segment = None
+        for i, piece in enumerate(pieces):
+            segment = self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
+        if finished:
+            self._finish_if_done(request)
+        elif segment is not None and segment.waits_for is not None:
+            self.places.block(request)
+        elif pieces and self.segmented:
+            self.places.park(request)
+
+    def _dispatch(self, request: Request, text: str, now: float, final: bool = False) -> Segment | None:
+        """``text`` goes to the robot as the next segment; None when skip-next dropped it."""
+        if request.overload.skip_current and text.strip():
+            self._skip(request, now, final)
+            return None
+        segment = request.cut_segment(text, now, self.network_latency, final)
+        self.times.observe(request, segment.index, segment.tokens)
+        self.memory.observe_segment(request.robot.robot, segment.tokens)
+        # generation goes on unless it is parked (then the scheduling point predicts again)
+        request.seg_predicted = self.times.gen_time(request, 0, len(self.running))
+        self._notices.append(Dispatched(request, segment))
+        if request.overload.overrun != OVERRUN_NONE and not final:
+            self.overload.watch_segment(request)
+        return segment
+
+    def _skip(self, request: Request, now: float, final: bool) -> None:
+        """Skip-next: the overrun segment is dropped; the next one's deadline counts from now."""
+        request.skip_segment(now)
+        self.counters["overruns_skipped"] += 1
+        if final:  # the robot still has to learn that the plan ended
+            self._dispatch(request, "", now, final=True)
+        else:
+            self.overload.watch_segment(request)
+
+    # ----- ends and reports -----
+
+    def _end(self, request: Request, status: Status, reason: str, in_engine: bool | None = None) -> None:
+        """Any live status -> SUCCEEDED, ABORTED or CANCELED: the one exit; the loop frees what the engine holds."""
+        if request.waits_for is not None and status is Status.ABORTED:
+            reason += f" (its plan was waiting for the value of {call_text(request.waits_for)})"
+        came_from = self.places.remove(request, status)
+        request.reason = reason
+        self._notices.append(Ended(request, came_from.in_engine if in_engine is None else in_engine))
+
+    def _take_notices(self) -> list[Notice]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    def _finish_if_done(self, request: Request) -> None:
+        if request.status is Status.GENERATED and all(s.exec_end is not None for s in request.segments):
+            self._end(request, Status.SUCCEEDED, "")
+
+    def _set_prev_end(self, request: Request, exec_end: float) -> None:
+        request.prev_end_est = exec_end
+        if request.status.queued:  # its priority depends on this
+            self.queue.update(request)
+        if request.overload.overrun != OVERRUN_NONE and not request.finished_generating:
+            self.overload.watch_segment(request)  # its next segment's deadline moved
+
+    def _observe(self, request: Request, value: str | None) -> None:
+        """BLOCKED -> SUSPENDED: the value the plan waited for is written into its context as forced tokens
+        (never sampled) and it joins the queue again; a missing or too long value ends it."""
+        index, form = len(request.segments) - 1, request.robot.observation
+        if value is None:
+            self._end(request, Status.ABORTED, f"robot reported segment {index} without a value")
+            return
+        if len(value) > form.max_tokens * MAX_CHARS_PER_TOKEN:  # spares the loop tokenizing a flood
+            self._end(request, Status.ABORTED, f"the value reported for segment {index} is {len(value)} "
+                      f"characters, more than {form.max_tokens} tokens can hold")
+            return
+        call = request.waits_for
+        assert call is not None  # only a BLOCKED request is observed
+        observation = form.text(call.name, value)
+        ids = self.engine.tokenizer.encode_continuation(observation)
+        if len(ids) > form.max_tokens:
+            self._end(request, Status.ABORTED, f"the value reported for segment {index} is {len(ids)} tokens "
+                      f"written out, more than the {form.max_tokens} of {request.robot.robot}'s observation.max_tokens")
+            return
+        request.observe(observation, ids)
+        self.places.observed(request)
+
+
+def _record_resume_prefill(request: Request, info: ResumeInfo) -> None:
+    """The first (re)start after an observation: how much of the context the engine prefilled."""
+    last = request.segments[-1] if request.segments else None
+    if last is not None and last.observation is not None and last.resume_prefill is None:
+        last.resume_prefill = info.context_tokens - info.cached_tokens

@@ -1,27 +1,37 @@
-"""One way to build a server (``ServerConfig``, ``build_server``) and one loop to drive it (``Driver``:
-arrivals and robot reports when due, engine steps in between)."""
+"""One way to build a server (``ServerConfig``, ``build_server``: the scheduler, its parts and the server around
+them) and one loop to drive it (``Driver``: arrivals and robot reports when due, engine steps in between)."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.clock import VirtualClock, WallClock
-from timely_llm.core.estimator import ExecutionTimeEstimator, estimator_for
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral, departure_threshold
+from timely_llm.core.batch import BatchController
+from timely_llm.core.estimator import ExecutionTimeEstimator, ProfiledTimes, SegmentTimes, estimator_for
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
+from timely_llm.core.overload import OverloadControl
+from timely_llm.core.places import RequestPlaces
 from timely_llm.core.policies import ServingPolicy, serving_policy
+from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment
+from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.plan.skills import SkillModel
+from timely_llm.scheduler import Scheduler
 from timely_llm.server import PlanRequest, Server
 
 Action = Callable[[Server], object]
 """Something that happens to the server at a time: a request arrives, a robot reports."""
+DEFAULT_MAX_BATCH = 256
+"""The batch cap unless one is given (vLLM's own default varies with its version and device)."""
 IDLE_WAIT_S = 0.05
 """How long a loop that runs until stopped idles with nothing due (a new action wakes it at once)."""
 
@@ -74,10 +84,26 @@ def build_server(config: ServerConfig, engine: Engine, robots: dict[str, SkillMo
                  on_start: Callable[[Request], None] | None = None) -> Server:
     """The server ``config`` describes, on ``engine``, for ``robots``, told of dispatched segments, ended
     requests, requests that can no longer be served in time and generations started through the callbacks."""
-    return Server(engine, robots, config.serving_policy, clock, config.network_latency, config.max_batch,
-                  config.default_max_new_tokens, on_segment=on_segment, on_finish=on_finish,
-                  features=config.features, estimator=config.estimator(), on_infeasible=on_infeasible,
-                  on_start=on_start)
+    return Server(engine, robots, config.serving_policy, build_scheduler(config, engine, robots), clock,
+                  config.network_latency, config.parts, config.default_max_new_tokens, on_segment=on_segment,
+                  on_finish=on_finish, on_infeasible=on_infeasible, on_start=on_start)
+
+
+def build_scheduler(config: ServerConfig, engine: Engine, robots: dict[str, SkillModel]) -> Scheduler:
+    """The scheduler of a server, with the parts its policy runs with and do-nothing stand-ins for the rest."""
+    parts, policy, latency, estimator = config.parts, config.serving_policy, config.network_latency, config.estimator()
+    counters: Counter[str] = Counter()
+    timebill = _segment_times(estimator, robots, engine.block_size) if parts.timebill else None
+    batch = BatchController(policy.adaptive_batch, batch_cap(config.max_batch, engine), latency,
+                            throughput=_throughput_model(estimator) if parts.ala else None,
+                            wcet_model=timebill.wcet if timebill else None, counters=counters)
+    queue = GenerationQueue(policy.queue_order(latency), timebill.queue_terms if timebill else None)
+    deferral = _deferred_prefill(estimator, robots, batch.max_batch) if parts.deferred_prefill else NoDeferral()
+    memory = (AminAdmission if parts.amin else KvAdmission)(engine.blocks_for)
+    places = RequestPlaces(queue, counters)
+    overload = OverloadControl(parts.shed, places.running, timebill, latency, counters)
+    return Scheduler(engine, places, batch, overload, timebill or ProfiledTimes(), memory, deferral, latency,
+                     policy.segmented)
 
 
 class Driver:
@@ -167,3 +193,39 @@ class Driver:
 def _report_now(server: Server, request_id: str, index: int) -> None:
     now = server.clock.now()
     server.segment_done(request_id, index, now, now)
+
+
+def batch_cap(max_batch: int | None, engine: Engine) -> int:
+    """The batch cap: the one asked for (``DEFAULT_MAX_BATCH`` otherwise), at most what the engine runs at once
+    (more would only wait inside the engine, out of our scheduling)."""
+    max_batch = max_batch or DEFAULT_MAX_BATCH
+    return max_batch if engine.max_batch is None else min(max_batch, engine.max_batch)
+
+
+def _segment_times(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],
+                   block_size: int) -> SegmentTimes:
+    if estimator is None:
+        raise ValueError("the timebill feature needs an execution-time estimator (a hardware profile)")
+    return SegmentTimes(estimator, robots, block_size)
+
+
+def _deferred_prefill(estimator: ExecutionTimeEstimator | None, robots: dict[str, SkillModel],
+                      max_batch: int | None) -> DeferredPrefill | NoDeferral:
+    """K* from the engine's step model read as paper 004's affine one: a prefill stalls decoding for
+    c_p (the profile's ``prefill_stall``) plus its tokens' time, TBT = the step intercept + t_d·B; a
+    generation leaves the batch after a segment (alpha = 1 / the robots' mean maximum segment length).
+    None of it where K* = 1: without a fixed stall, as in the simulated GPUs and vLLM V1's chunked prefill,
+    holding prefills back saves nothing and only delays first actions (the paper's Remark 2)."""
+    if estimator is None:
+        raise ValueError("the deferred_prefill feature needs the engine's step-time model (a hardware profile)")
+    mean_segment = sum(r.segment_max_tokens for r in robots.values()) / max(len(robots), 1)
+    threshold = departure_threshold(estimator.stall, estimator.c, max_batch or 1, 1.0 / max(mean_segment, 1.0))
+    return DeferredPrefill(threshold) if threshold > 1 else NoDeferral()
+
+
+def _throughput_model(estimator: ExecutionTimeEstimator | None) -> ThroughputModel:
+    """ALA's throughput model: a prior from the engine's step-time model where there is one, refined online
+    from the decode steps measured."""
+    if estimator is None:
+        return ThroughputModel()
+    return ThroughputModel(derive_curve(lambda batch: estimator.decode_step(batch, batch * TYPICAL_CONTEXT)))

@@ -32,7 +32,7 @@ from timely_llm.models import DEFAULT_MODEL
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation.harness import BENCH_POLICIES
-    from timely_llm.server import DEFAULT_MAX_BATCH
+    from timely_llm.serving import DEFAULT_MAX_BATCH
 
     p.description = ("Replay a workload through the server loop under one policy and write one record per "
                      "request plus per-category means. On the simulator (the default) the run is on a virtual "

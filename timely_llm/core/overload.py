@@ -26,7 +26,8 @@ import heapq
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from timely_llm.core.estimator import SegmentTimes
@@ -61,6 +62,15 @@ class DueHeap(Generic[T]):
         return out
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What overload control decided for a request: end it, for ``reason``, or (``reason`` None) tell its robot,
+    which keeps waiting, that its deadline cannot be met."""
+
+    request: Request
+    reason: str | None = None
+
+
 def infeasible_at(arrival: float, cutoff: float, generation_time: float, network_latency: float) -> float:
     """The time after which a first segment started now gives a response past the TUF ``cutoff``."""
     return arrival + cutoff - network_latency - generation_time
@@ -68,58 +78,57 @@ def infeasible_at(arrival: float, cutoff: float, generation_time: float, network
 
 class OverloadControl:
     """Decides, for one server, when a request is told that its deadline cannot be met (``shed``) and when
-    a segment overran its deadline (each request's overrun strategy), and carries both out: a request
-    ends through the server's ``finish(request, status, reason)``, a robot that keeps waiting is told
-    through ``notify(request)``.
+    a segment overran its deadline (each request's overrun strategy); the scheduler carries out its verdicts.
 
     ``running``: the server's running generations (read, never changed here); ``times``: TimeBill's
     estimator, when on, for the predicted generation times."""
 
     def __init__(self, shed: bool, running: Mapping[str, Request], times: SegmentTimes | None,
-                 network_latency: float, counters: Counter[str],
-                 finish: Callable[[Request, Status, str], None], notify: Callable[[Request], None]) -> None:
+                 network_latency: float, counters: Counter[str]) -> None:
         self.shed = shed
         self.running = running
         self.times = times
         self.network_latency = network_latency
         self.counters = counters
-        self.finish = finish
-        self.notify = notify
         self._infeasible: DueHeap[Request] = DueHeap()
         """First segments not yet generated, by the time they become infeasible (``shed``)."""
         self._overruns: DueHeap[tuple[Request, int]] = DueHeap()
         """(request, segments done) of requests with an overrun strategy, by that segment's deadline."""
 
-    def submitted(self, request: Request, now: float) -> None:
-        """A new request: told now if it is already infeasible, else noted for when it will be."""
+    def submitted(self, request: Request) -> None:
+        """A new request: noted for when it will be infeasible (the next ``check`` finds it if it is already)."""
         if self.shed:
             fastest = request.overload.fastest_first_segment = self._fastest_first_segment(request)
             self._infeasible.push(infeasible_at(request.arrival, request.tuf.cutoff, fastest, self.network_latency),
                                   request)
         if request.overload.overrun != OVERRUN_NONE:
             self.watch_segment(request)
-        self.check(now)
 
-    def check(self, now: float) -> None:
-        """At a scheduling point: tell robots whose deadline can no longer be met, and apply overrun
-        strategies that fell due."""
+    def check(self, now: float) -> list[Verdict]:
+        """At a scheduling point: the requests whose deadline can no longer be met, and the overrun strategies
+        that fell due, in the order decided."""
+        verdicts = []
         for request in self._infeasible.pop_due(now):
             if request.status in (Status.WAITING, Status.SUSPENDED) and not request.segments:  # (Amin evicts)
-                self.tell(request, now, None)
+                verdicts.append(self.tell(request, now, None))
             elif request.status is Status.RUNNING and not request.segments:
                 self._infeasible.push(now, request)  # being served: shed only if it returns to the queue unserved
         if self.shed:
-            self._shed_running(now)
+            verdicts += self._shed_running(now)
+        ending = {v.request.id for v in verdicts if v.reason is not None}
         for request, done in self._overruns.pop_due(now):
-            if request.status.ended or request.finished_generating or segments_done(request) != done:
+            if (request.status.ended or request.id in ending or request.finished_generating
+                    or segments_done(request) != done):
                 continue  # gone, or that segment came out (its successor is watched)
             deadline = self._segment_deadline(request)
             if deadline >= now:  # moved later (the robot reported the previous segment's real end)
                 self._overruns.push(deadline, (request, done))
-            else:
-                self.overran(request, done, now)
+            elif (verdict := self.overran(request, done, now)) is not None:
+                verdicts.append(verdict)
+                ending.add(request.id)
+        return verdicts
 
-    def tell(self, request: Request, now: float, left: float | None) -> None:
+    def tell(self, request: Request, now: float, left: float | None) -> Verdict:
         """Its deadline cannot be met: shed it, or notify a robot that keeps waiting; ``left``: the predicted
         rest of a first segment being generated (None: the fastest first segment, for one not started)."""
         request.overload.infeasible_at = now
@@ -127,20 +136,19 @@ class OverloadControl:
         request.overload.best_response = now + left + self.network_latency - request.arrival
         if request.overload.keep_if_infeasible:
             self.counters["infeasible_kept"] += 1
-            self.notify(request)
-            return
+            return Verdict(request)
         request.overload.shed = True
         self.counters["shed"] += 1
-        self.finish(request, Status.ABORTED, INFEASIBLE_REASON)
+        return Verdict(request, INFEASIBLE_REASON)
 
-    def overran(self, request: Request, index: int, now: float) -> None:
-        """Segment ``index`` overran its deadline: kill the plan, or skip that segment when it comes out."""
+    def overran(self, request: Request, index: int, now: float) -> Verdict | None:
+        """Segment ``index`` overran its deadline: kill the plan, or (None) skip that segment when it comes out."""
         if request.overload.overrun == OVERRUN_KILL:
             self.counters["overruns_killed"] += 1
             request.overload.killed_at = now
-            self.finish(request, Status.ABORTED, f"segment {index} overran its deadline (overrun strategy kill)")
-        else:
-            request.overload.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
+            return Verdict(request, f"segment {index} overran its deadline (overrun strategy kill)")
+        request.overload.skip_current = True  # counted when a segment is in fact dropped (the end of a plan is not)
+        return None
 
     def breaks_a_cutoff(self, newcomer: Request, now: float) -> bool:
         """Would one more generation in the batch make a running first segment, more urgent than ``newcomer``
@@ -170,15 +178,16 @@ class OverloadControl:
         started = now if request.seg_gen_start is None else request.seg_gen_start
         return max(started + request.robot.segment_generation_time - now, 0.0)
 
-    def _shed_running(self, now: float) -> None:
+    def _shed_running(self, now: float) -> list[Verdict]:
         """First segments being generated that, at the batch they are in, can no longer end by their cut-off."""
-        batch = len(self.running)
-        for request in list(self.running.values()):
+        batch, verdicts = len(self.running), []
+        for request in self.running.values():
             if in_first_segment(request):
                 left = self.first_segment_left(request, now, batch)
                 if now + left > self._cutoff_dispatch(request):
                     self.counters["shed_running"] += 1
-                    self.tell(request, now, left)
+                    verdicts.append(self.tell(request, now, left))
+        return verdicts
 
     def _fastest_first_segment(self, request: Request) -> float:
         """The fastest generation of its first segment we can predict: with TimeBill's estimator, its prompt's

@@ -23,7 +23,7 @@ refuses any move not drawn here::
         WAITING, RUNNING, PARKED, SUSPENDED, BLOCKED or GENERATED
             ──cancel / abort (robot failed or silent) / engine error or rejection──► CANCELED | ABORTED
 
-Where each status lives in the server (``Scheduler`` keeps status and place together):
+Where each status lives in the server (``core/places.py`` changes status and place together):
 
 =========  ===================  ===============================================
 status     server               engine
@@ -34,10 +34,11 @@ PARKED     queue, ``parked``    still in the batch until the next scheduling poi
 SUSPENDED  queue                suspended: its context cached for the resume
 BLOCKED    ``blocked``          suspended: its context cached for the resume
 GENERATED  ``Server.requests``  nothing (released)
-ended      ``Server.requests``  nothing
+ended      nowhere              nothing
 =========  ===================  ===============================================
 
-The three ended statuses are final; ``Server._finish`` is the one way into them.
+The three ended statuses are final; ``RequestPlaces.remove`` is the one way into them (``Scheduler._end``
+calls it; the loop then releases what the engine holds and tells ``on_finish``).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class Segment:
     """The text written into the context after the segment: the value of ``waits_for``, in the robot's form."""
     resume_prefill: int | None = None
     """Tokens the engine prefilled to resume after ``observation`` (its cache report)."""
+    est_end: float = 0.0
+    """When its execution is estimated to end, on the server's clock, as estimated when it was cut."""
 
     def to_dict(self) -> dict:
         closed_loop = {"waits_for": call_text(self.waits_for), "observation": self.observation,
@@ -234,9 +237,9 @@ class Request:
                           gen_start=self.seg_gen_start if self.seg_gen_start is not None else now,
                           gen_end=now, est_exec_time=estimate, cached_tokens=cached, evicted=evicted, final=final,
                           tokens=self.seg_tokens, predicted_gen_time=self.seg_predicted,
-                          waits_for=None if final else self.robot.blocking_call(text))
+                          waits_for=None if final else self.robot.blocking_call(text), est_end=start_est + estimate)
         self.segments.append(segment)
-        self.prev_end_est = start_est + estimate
+        self.prev_end_est = segment.est_end
         self._next_segment(now)
         return segment
 

@@ -157,7 +157,7 @@ class GoalDesk:
         try:
             message = segment_message(request, segment, self._ros_time)
             self._ledger.dispatched(request.id, segment.index, segment.est_exec_time,
-                                    instant(self._node.get_clock(), self._loop.clock), request.prev_end_est)
+                                    instant(self._node.get_clock(), self._loop.clock), segment.est_end)
         except Exception as exc:  # noqa: BLE001 - this request only, and not in the middle of the step
             reason = f"internal error sending segment {segment.index}: {exc!r}"
             self._loop.send(lambda server: server.abort(request.id, reason))

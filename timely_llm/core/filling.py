@@ -1,0 +1,125 @@
+"""Filling the batch at a scheduling point: which queued generations start or resume, which parked ones go on and
+which are suspended, as far as the batch controller, KV memory, deferred prefill and overload control allow.
+
+A parked generation (at a segment boundary, still in the engine) competes like any queued one: picked, it simply
+keeps running; passed over, it is suspended. It is suspended early when a more urgent generation needs the room
+or memory it holds. With Amin (``features.amin``) memory is counted by segment lower bounds, and running
+generations are suspended first when the next step's KV would not fit (core/admission.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral
+from timely_llm.core.batch import BatchController
+from timely_llm.core.estimator import ProfiledTimes, SegmentTimes
+from timely_llm.core.overload import OverloadControl
+from timely_llm.core.places import Call, RequestPlaces
+from timely_llm.core.request import Request
+from timely_llm.engines.base import Engine, KvView
+
+
+class BatchFilling:
+    def __init__(self, places: RequestPlaces, batch: BatchController, overload: OverloadControl,
+                 times: SegmentTimes | ProfiledTimes, memory: AminAdmission | KvAdmission,
+                 deferral: DeferredPrefill | NoDeferral, engine: Engine, network_latency: float,
+                 counters: Counter[str]) -> None:
+        """``engine``: asked about KV memory only (what is free, what a context takes)."""
+        self.places = places
+        self.queue = places.queue
+        self.running = places.running
+        self.parked = places.parked
+        self.batch = batch
+        self.overload = overload
+        self.times = times
+        self.memory = memory
+        self.deferral = deferral
+        self.engine = engine
+        self.network_latency = network_latency
+        self.counters = counters
+        self._kv_view: tuple[int, KvView] | None = None
+        self._started: list[tuple[Request, int]] = []
+
+    def fill(self, now: float) -> list[tuple[Request, int]]:
+        """The batch filled from the queue in priority order (engine calls in ``places.calls``); returns the
+        generations (re)started or kept running, with their uncached context tokens."""
+        self._started, self._kv_view = [], None
+        reserved = self._evict_on_overflow()
+        self.times.join_running(self.running.values(), self.batch.max_batch)
+        self.queue.token_time = self.times.token_time()
+        prefilling = deferring = False
+        running = self.batch.ordered(self.running.values())  # kept in step with self.running below
+        while len(self.queue) > 0:
+            request = self._most_urgent_parked() if deferring else self.queue.best(now)
+            if request is None:
+                break
+            parked = request.id in self.parked
+            if not parked and not prefilling and self._defers(request, now):
+                deferring = True  # the parked generations, which need no prefill, may still go on
+                self.counters["deferred_prefills"] += 1
+                continue
+            needed, free = self._memory(request, parked, reserved)
+            if (not self.batch.admits(running, now, free, needed, request)
+                    or self.overload.breaks_a_cutoff(request, now)):
+                if parked or not self.parked:
+                    break
+                self._suspend_parked()  # they rank below this one: free what they hold and retry
+                continue
+            reserved += needed
+            self._admit(request, parked, now)
+            running.add(request)
+            prefilling = prefilling or not parked
+        self._suspend_parked()
+        if prefilling:
+            self.deferral.prefilled(len(self.running))
+        return self._started
+
+    def _admit(self, request: Request, parked: bool, now: float) -> None:
+        """Into the batch: a parked generation goes on, a queued one is (re)started."""
+        self._started.append((request, self.times.uncached_tokens(request)))
+        if parked:
+            self.places.keep_running(request)
+        else:
+            self.places.start(request, now)
+
+    def _memory(self, request: Request, parked: bool, reserved: int) -> tuple[int, int]:
+        """KV blocks ``request`` needs to (go on) run and those free for it."""
+        kv = self._kv()
+        return self.memory.blocks_needed(request, parked, kv), self.memory.free(kv, reserved)
+
+    def _kv(self) -> KvView:
+        """The engine's KV memory once the calls decided so far are made."""
+        calls = self.places.calls
+        if self._kv_view is None or self._kv_view[0] != len(calls):
+            suspended = [r.id for call, r in calls if call is Call.SUSPEND]
+            resumed = [r.id for call, r in calls if call is Call.RESUME]
+            self._kv_view = len(calls), self.engine.kv_after(suspended, resumed)
+        return self._kv_view[1]
+
+    def _evict_on_overflow(self) -> int:
+        """Amin's overflow resolution: suspend running generations, in its eviction order, until the
+        next step's KV growth fits; returns the blocks the rest still need to reach their lower bounds."""
+        growth, reserve = self.memory.demand(self.running.values())
+        if growth and growth > self._kv().free_blocks:
+            for victim in self.memory.eviction_order(self.running.values(), self.network_latency):
+                self.places.evict(victim)
+                growth, reserve = self.memory.demand(self.running.values())
+                if growth <= self._kv().free_blocks:
+                    break
+        return reserve
+
+    def _defers(self, request: Request, now: float) -> bool:
+        """Deferred prefill: hold this generation's (re)start back, unless waiting one more step
+        could make it miss its deadline."""
+        if not self.deferral.defers(len(self.running) + len(self.parked), len(self.queue) - len(self.parked)):
+            return False
+        batch = max(len(self.running), 1)
+        return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
+
+    def _most_urgent_parked(self) -> Request | None:
+        return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)
+
+    def _suspend_parked(self) -> None:
+        for request in list(self.parked.values()):
+            self.places.suspend(request)
