@@ -5,8 +5,8 @@ grammar continued from them and the token budget left (and the request's priorit
 must schedule by priority then); suspend = the stream is closed (the server aborts the request; its prefix cache
 keeps the KV until evicted) and a resume re-submits the ids, so ``suspends_in_place`` is False; step = the tokens
 that arrived since the last step, waiting up to ``STEP_WAIT_S`` for one, its duration measured. The streams run
-on an asyncio loop in a thread of the engine's own; the caller's thread never waits on the network longer
-than that (the tokenizer aside, when it is the server's: docs/remote-engine.md).
+on an asyncio loop in a thread of the engine's own (remote_streams.py); the caller's thread never waits on the
+network longer than that (the tokenizer aside, when it is the server's: docs/remote-engine.md).
 
 Several servers: a new generation goes to the answering server with the fewest open streams (then the most free
 KV); its resumes go back to the same server, which holds its KV. A server that fails (connection refused or
@@ -20,12 +20,8 @@ cache, which a newcomer may evict, as vLLM's own cached-but-idle blocks count as
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import json
 import os
-import queue
-import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -34,22 +30,17 @@ import httpx
 
 from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput, Tokenizer
 from timely_llm.engines.remote_servers import (
-    PROBE_TIMEOUT_S,
     Chunk,
     RemoteServer,
     ServedModel,
     ServerGarbage,
-    parse_line,
-    probe,
+    failure_cause,
     request_body,
 )
 from timely_llm.engines.remote_settings import RemoteSettings
+from timely_llm.engines.remote_streams import CONNECT_TIMEOUT_S, RemoteStreams
 from timely_llm.engines.remote_tokenizer import LocalTokenizer, ServerTokenizer
 
-STEP_WAIT_S = 0.02
-"""A step with streams open waits at most this long for a token (the server loop holds its lock meanwhile)."""
-PROBE_TICK_S = 0.25
-CONNECT_TIMEOUT_S = 5.0
 DEFAULT_BLOCK_SIZE = 16
 """KV block size where a server does not say its own (vLLM's GPU default)."""
 
@@ -67,10 +58,6 @@ class _Generation:
     awaiting_first: bool = False
     warm_only: bool = False
     """A prefill-only start (forced_ids == []): its one token is no output."""
-
-
-Event = tuple[str, int, Chunk | None, str | None]
-"""What a stream tells the loop: (generation, stream number, a chunk or None, the cause it failed of or None)."""
 
 
 class RemoteEngine(Engine):
@@ -92,12 +79,7 @@ class RemoteEngine(Engine):
         self.tokenizer = (LocalTokenizer(settings.tokenizer) if settings.tokenizer
                           else ServerTokenizer(self._client, first.url, self.model))
         self._gens: dict[str, _Generation] = {}
-        self._events: queue.Queue[Event] = queue.Queue()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="timely_llm_remote", daemon=True)
-        self._thread.start()
-        self._async_client: httpx.AsyncClient = self._call(_async_client(headers, timeout))
-        self._prober = asyncio.run_coroutine_threadsafe(self._probe_forever(), self._loop)
+        self._streams = RemoteStreams(headers, timeout, self._servers, self._describe_again)
 
     # ----- the Engine contract -----
 
@@ -115,7 +97,7 @@ class RemoteEngine(Engine):
         gen = _Generation(spec, server, list(spec.output_ids), stream=gen.stream + 1 if gen else 1,
                           context_tokens=len(context), awaiting_first=True, warm_only=spec.forced_ids == [])
         self._gens[spec.gen_id] = gen
-        gen.live = asyncio.run_coroutine_threadsafe(self._stream(spec.gen_id, gen.stream, server, body), self._loop)
+        gen.live = self._streams.open(spec.gen_id, gen.stream, server, body)
         server.open += 1
 
     def suspend(self, gen_id: str) -> None:
@@ -131,17 +113,7 @@ class RemoteEngine(Engine):
 
     def step(self) -> StepOutput:
         began = time.perf_counter()
-        events: list[Event] = []
-        if any(g.live is not None for g in self._gens.values()):
-            try:
-                events.append(self._events.get(timeout=STEP_WAIT_S))
-            except queue.Empty:
-                pass
-        while True:
-            try:
-                events.append(self._events.get_nowait())
-            except queue.Empty:
-                break
+        events = self._streams.events(wait=any(g.live is not None for g in self._gens.values()))
         result = StepOutput(duration=0.0)
         for event in events:
             self._apply(*event, result)
@@ -171,12 +143,7 @@ class RemoteEngine(Engine):
     def close(self) -> None:
         for gen_id in list(self._gens):
             self.release(gen_id)
-        self._prober.cancel()
-        if self._loop.is_running():
-            self._call(self._shutdown())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
+        self._streams.close()
         self._client.close()
 
     # ----- internals -----
@@ -191,8 +158,8 @@ class RemoteEngine(Engine):
                 served = server.describe(self._client, first.model if first else self._settings.model,
                                          self._settings.api)
             except (httpx.HTTPError, ServerGarbage) as exc:
-                causes.append(f"{server.url}: {_cause(exc)}")
-                server.failed(_cause(exc), time.monotonic())
+                causes.append(f"{server.url}: {failure_cause(exc)}")
+                server.failed(failure_cause(exc), time.monotonic())
                 continue
             first = first or served
         if first is None:
@@ -272,73 +239,12 @@ class RemoteEngine(Engine):
         else:
             result.failed[gen_id] = f"{gen.server.url} ended the completion: {chunk.finish_reason}"
 
-    async def _stream(self, gen_id: str, stream: int, server: RemoteServer, body: dict) -> None:
-        """One completion's events into the queue: a Chunk each, or one cause it failed of."""
-        api = server.api
-        try:
-            async with self._async_client.stream("POST", f"{server.url}/v1/completions", json=body) as answer:
-                if answer.status_code != 200:
-                    text = (await answer.aread()).decode(errors="replace")
-                    if answer.status_code >= 500:
-                        server.failed(f"HTTP {answer.status_code}", time.monotonic())
-                    self._fail(gen_id, stream, f"{server.url} refused the completion: HTTP {answer.status_code} "
-                                               f"{_message(text)}")
-                    return
-                async for line in answer.aiter_lines():
-                    chunk = parse_line(line, api)
-                    if chunk is None:
-                        continue
-                    self._events.put((gen_id, stream, chunk, None))
-                    if chunk.finish_reason is not None:
-                        return
-            self._fail(gen_id, stream, f"{server.url} closed the stream before the completion ended")
-        except httpx.TimeoutException:
-            self._fail(gen_id, stream, f"{server.url} sent nothing for {self._settings.timeout:g} s")
-        except httpx.TransportError as exc:  # refused, reset, closed mid-stream: the server is gone
-            server.failed(_cause(exc), time.monotonic())
-            self._fail(gen_id, stream, f"{server.url} failed: {_cause(exc)}")
-        except ServerGarbage as exc:
-            self._fail(gen_id, stream, f"{server.url} answered garbage: {exc}")
-        except Exception as exc:  # noqa: BLE001 - whatever it was, the generation must learn it failed
-            self._fail(gen_id, stream, f"{server.url}: {_cause(exc)}")
-
-    def _fail(self, gen_id: str, stream: int, cause: str) -> None:
-        self._events.put((gen_id, stream, None, cause))
-
-    async def _probe_forever(self) -> None:
-        """Servers taken out are probed when due; one that answers is taken back."""
-        while True:
-            now = time.monotonic()
-            due = [s for s in self._servers if s.down is not None and s.next_probe <= now]
-            for server in due:
-                await probe(self._async_client, server)
-                if server.down is None and server.served is None:
-                    await asyncio.to_thread(self._describe_again, server)
-            await asyncio.sleep(PROBE_TICK_S)
-
-    async def _shutdown(self) -> None:
-        """Every stream and the prober ended, then the connections closed."""
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._async_client.aclose()
-
     def _describe_again(self, server: RemoteServer) -> None:
         """A server that did not answer at start does now: learn what it serves (the engine's model)."""
         try:
             server.describe(self._client, self.model, self._settings.api)
         except (httpx.HTTPError, ServerGarbage) as exc:
-            server.failed(_cause(exc), time.monotonic())
-
-    def _call(self, coroutine):  # noqa: ANN001, ANN202 - a coroutine and its result
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(CONNECT_TIMEOUT_S + PROBE_TIMEOUT_S)
-
-
-async def _async_client(headers: dict[str, str], timeout: httpx.Timeout) -> httpx.AsyncClient:
-    """Made on the engine's loop, which its connections belong to; no connection limit (a stream each)."""
-    return httpx.AsyncClient(headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=None,
-                                                                                    max_keepalive_connections=64))
+            server.failed(failure_cause(exc), time.monotonic())
 
 
 def _auth(api_key_env: str) -> dict[str, str]:
@@ -359,19 +265,3 @@ def _grammar(spec: GenerationSpec, tokenizer: Tokenizer) -> str | None:
     if grammar is None:
         raise EngineRejected(f"{spec.gen_id}: generated text left the {spec.grammar.model.robot} plan grammar")
     return grammar
-
-
-def _cause(exc: Exception) -> str:
-    if isinstance(exc, ServerGarbage):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _message(text: str) -> str:
-    """The error message of a server's JSON error answer, else the start of its text."""
-    try:
-        data = json.loads(text)
-        message = data.get("error", {}).get("message") or data.get("message") or data.get("detail")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or text)[:300]

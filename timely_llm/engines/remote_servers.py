@@ -106,6 +106,13 @@ class RemoteServer:
         self.next_probe = now + self._backoff
 
 
+def failure_cause(exc: Exception) -> str:
+    """How a server failed, in words: what ServerGarbage says, else the exception's type and message."""
+    if isinstance(exc, ServerGarbage):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 async def probe(client: httpx.AsyncClient, server: RemoteServer) -> None:
     """Ask a server that was taken out whether it answers again (``/health``)."""
     try:

@@ -21,67 +21,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
+from vllm import EngineArgs, LLMEngine
 from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-from vllm.v1.request import RequestStatus, StreamingUpdate
 
 from timely_llm.engines.base import (
     Engine,
     EngineRejected,
     GenerationSpec,
     KvView,
-    ResumeInfo,
     StepOutput,
     appends_observation,
 )
-from timely_llm.engines.forcing import FORCED_KEY, ForcedTokensProcessor
+from timely_llm.engines.forcing import ForcedTokensProcessor
 from timely_llm.engines.hf_tokenizer import HfTokenizer
 from timely_llm.engines.vllm_args import check_fields, create_config
+from timely_llm.engines.vllm_requests import Generation, VllmRequests
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
-PAUSED = sys.maxsize
-"""A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
 PAUSED_SLOTS = 64
 """vLLM request slots beyond a given ``max_num_seqs``, held by requests paused in place (they compute nothing).
 With none to spare, every newcomer at a full capped batch aborted a paused request and its resume prefilled again:
 229 of 233 resumes at cap 8 in a quiet bursty run, the response time normal robots paid (docs/simulator.md)."""
-
-
-@dataclass
-class _Generation:
-    spec: GenerationSpec
-    output_ids: list[int] = field(default_factory=list)
-    request_id: str | None = None
-    """The live vLLM request, None while suspended."""
-    starts: int = 0
-    context_tokens: int = 0
-    awaiting_first_output: bool = False
-    preemptions: int = 0
-    """vLLM's preemptions of the live request seen so far."""
-    paused: Any = None
-    """The live vLLM request while suspended in place (its KV kept), else None."""
-    kept_tokens: int | None = None
-    """Context tokens whose KV a resume in place kept, until its first output reports them."""
-
-    def resume_info(self, cached: int, block_size: int) -> ResumeInfo:
-        """How this start found its context, vLLM having served ``cached`` tokens from its prefix cache."""
-        if self.kept_tokens is not None:
-            kept, self.kept_tokens = self.kept_tokens, None
-            return ResumeInfo(self.context_tokens, kept, False)
-        # vLLM always recomputes the last context token, so a full hit covers the
-        # full blocks of context_tokens - 1.
-        expected = (self.context_tokens - 1) // block_size * block_size
-        evicted = bool(self.spec.output_ids) and cached < expected
-        return ResumeInfo(self.context_tokens, cached, evicted)
 
 
 class VllmEngine(Engine):
@@ -110,7 +76,6 @@ class VllmEngine(Engine):
         ``paused_slots`` more request slots for the generations suspended in place.
         """
         self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, paused_slots, engine_args)
-        self._priority_scheduling = config.scheduler_config.policy == "priority"
         self._max_model_len: int = config.model_config.max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
@@ -120,15 +85,10 @@ class VllmEngine(Engine):
         self.max_batch: int = _batch_cap(engine_args) or self._slots
         """The given max_num_seqs, else vLLM's own: the server's batch cap follows it."""
         self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
-        self._gens: dict[str, _Generation] = {}
-        self._by_request: dict[str, str] = {}
-        self._paused: dict[str, _Generation] = {}
-        """Generations suspended in place, oldest first: the first to give their KV back."""
-        self._paused_blocks: int | None = None
-        """Blocks only paused requests hold; None once a start, suspend, release or step may have changed it."""
+        self._gens: dict[str, Generation] = {}
+        self._requests = VllmRequests(self._engine, config.scheduler_config, self.block_size)
 
     def start(self, spec: GenerationSpec) -> None:
-        self._paused_blocks = None
         gen = self._gens.get(spec.gen_id)
         if gen is not None and gen.paused is not None:
             if gen.output_ids == spec.output_ids and gen.spec.forced_ids == spec.forced_ids:
@@ -137,76 +97,63 @@ class VllmEngine(Engine):
             if appends_observation(spec, gen.output_ids, gen.spec.forced_ids):
                 self._append_in_place(gen, spec)
                 return
-            self._stop_request(gen)
+            self._requests.stop(gen)
         if gen is not None and gen.request_id is not None:
             raise EngineRejected(f"{spec.gen_id} is already running")
         context = spec.prompt_ids + spec.output_ids
         max_tokens = self._check_startable(spec, context)
-        self._make_room(self.blocks_for(len(context) + 1), slot=True)
-        gen = _Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
-        gen.request_id = f"{spec.gen_id}#{gen.starts}"
+        self._requests.make_room(self.blocks_for(len(context) + 1), slot=True)
+        gen = Generation(spec, list(spec.output_ids), starts=gen.starts if gen else 0)
         try:
-            self._submit(gen.request_id, context, max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id),
-                         spec.priority, self._grammar_for(spec))
+            self._requests.submit(gen, context, max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id),
+                                  self._grammar_for(spec))
         except ValueError as exc:  # vLLM's own validation of the request
             raise EngineRejected(f"{spec.gen_id}: {exc}") from exc
         gen.starts += 1
         gen.context_tokens = len(context)
         gen.awaiting_first_output = True
         self._gens[spec.gen_id] = gen
-        self._by_request[gen.request_id] = spec.gen_id
 
     def suspend(self, gen_id: str) -> None:
-        self._paused_blocks = None
         gen = self._gens[gen_id]
         if gen.request_id is None or gen.paused is not None:
             raise KeyError(f"{gen_id} is not running")
-        request = self._live_request(gen)
-        if request is None or request.num_computed_tokens < request.num_tokens - 1:
-            self._stop_request(gen)  # still waiting or prefilling: nothing worth keeping in place
-            return
-        request.next_decode_eligible_step = PAUSED
-        gen.paused = request
-        self._paused[gen_id] = gen
+        if not self._requests.pause(gen):
+            self._requests.stop(gen)  # still waiting or prefilling: nothing worth keeping in place
 
     def release(self, gen_id: str) -> None:
-        self._paused_blocks = None
-        self._stop_request(self._gens.pop(gen_id))
+        self._requests.stop(self._gens.pop(gen_id))
 
     def step(self) -> StepOutput:
-        self._paused_blocks = None
-        self._free_room_for_waiting()
+        self._requests.free_room_for_waiting()
         began = time.perf_counter()
         try:
-            outputs = self._engine.step()
+            outputs = self._requests.step()
         except Exception as exc:  # any engine fault fails the batch
             return self._fail_running(began, f"vLLM step failed: {exc!r}")
         result = StepOutput(duration=time.perf_counter() - began)
         for out in outputs:
-            gen_id = self._by_request.get(out.request_id)
+            gen_id = self._requests.generation_of(out.request_id)
             if gen_id is not None:
                 self._record(self._gens[gen_id], out, result)
         self._record_preemptions(result)
-        self._make_room(len(self._by_request) - len(self._paused))  # each may need a block next step
+        self._requests.make_room(self._requests.unpaused_count())  # each may need a block next step
         return result
 
     def free_kv_blocks(self) -> int:
         """Free blocks, counting those only paused requests hold: a newcomer gets them back."""
-        if self._paused_blocks is None:  # the scheduler asks once per candidate: count once per change
-            self._paused_blocks = sum(self._reclaimable(g) for g in self._paused.values())
-        return self._block_pool().get_num_free_blocks() + self._paused_blocks
+        return self._requests.free_blocks()
 
     def kv_after(self, suspended: Collection[str], resumed: Collection[str]) -> KvView:
         """Counts what each generation alone holds; blocks two of ``suspended`` share stay uncounted."""
         free = self.free_kv_blocks()
         for gen_id in set(suspended) - set(resumed):
-            request = self._live_request(self._gens[gen_id])
-            free += self._only_held(request.request_id) if request is not None else 0
-        free -= sum(self._reclaimable(self._paused[g]) for g in resumed if g in self._paused)
+            free += self._requests.held_alone(self._gens[gen_id])
+        free -= sum(self._requests.reclaimable(g) for g in resumed)
         return KvView(free, self.blocks_to_start)
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return self._requests.blocks_for(num_tokens)
 
     def output_ids(self, gen_id: str) -> list[int]:
         """Token ids ``gen_id`` has generated so far (all starts together)."""
@@ -243,116 +190,26 @@ class VllmEngine(Engine):
             raise EngineRejected(f"{spec.gen_id}: generated text left the {spec.grammar.model.robot} plan grammar")
         return grammar
 
-    def _submit(
-        self,
-        request_id: str,
-        context: list[int],
-        max_tokens: int,
-        forced: list[int] | None,
-        priority: int = 0,
-        grammar: str | None = None,
-    ) -> None:
-        params = SamplingParams(
-            temperature=0.0,
-            max_tokens=max_tokens,
-            output_kind=RequestOutputKind.DELTA,
-            detokenize=False,
-            extra_args={FORCED_KEY: forced} if forced is not None else None,
-            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar is not None else None,
-        )
-        # vLLM refuses a priority under FCFS scheduling; FCFS orders by arrival alone.
-        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=context), params,
-                                 priority=priority if self._priority_scheduling else 0)
-
-    def _unpause(self, gen: _Generation) -> Any:
-        """Let vLLM schedule ``gen``'s paused request again; return it."""
-        request, gen.paused = gen.paused, None
-        request.next_decode_eligible_step = 0
-        del self._paused[gen.spec.gen_id]
+    def _unpause(self, gen: Generation) -> Any:
+        """Let vLLM schedule ``gen``'s paused request again, its whole context kept; return the request."""
+        request = self._requests.unpause(gen)
         gen.context_tokens = len(gen.spec.prompt_ids) + len(gen.output_ids)
         gen.awaiting_first_output = True
         gen.kept_tokens = gen.context_tokens
         return request
 
-    def _append_in_place(self, gen: _Generation, spec: GenerationSpec) -> None:
-        """Resume ``gen``'s paused request with ``spec``'s observation after its output, its KV kept. vLLM's
-        streaming-input update drops the last sampled token (its KV unwritten) and appends the given ids as
-        prompt, so they are the call's last token and the observation; the grammar matcher, which never saw
-        the observation, goes on from the plan text."""
+    def _append_in_place(self, gen: Generation, spec: GenerationSpec) -> None:
+        """Resume ``gen``'s paused request with ``spec``'s observation after its output, its KV kept: vLLM prefills
+        the observation and the call's last token (whose KV the pause never wrote)."""
         context = spec.prompt_ids + spec.output_ids
         max_tokens = self._check_startable(spec, context)
         request = self._unpause(gen)
-        scheduler = self._scheduler()
-        scheduler.running.remove(request)
-        self._make_room(self.blocks_for(len(context) + 1) - self.blocks_for(request.num_tokens))
-        last_sampled = request.all_token_ids[request.num_computed_tokens:]
-        params = request.sampling_params.clone()
-        params.max_tokens = max_tokens
-        forced = _forced_tail(spec, self.tokenizer.eos_token_id)
-        if forced is not None:
-            params.extra_args = {**(params.extra_args or {}), FORCED_KEY: forced}
-        appended = last_sampled + spec.output_ids[len(gen.output_ids):]
-        update = StreamingUpdate(mm_features=None, prompt_token_ids=appended, max_tokens=max_tokens,
-                                 arrival_time=time.time(), sampling_params=params)
-        scheduler._update_request_as_session(request, update)
-        scheduler._enqueue_waiting_request(request)
+        self._requests.append(request, spec.output_ids[len(gen.output_ids):], len(context), max_tokens,
+                              _forced_tail(spec, self.tokenizer.eos_token_id))
         gen.kept_tokens = request.num_computed_tokens
         gen.spec, gen.output_ids, gen.context_tokens = spec, list(spec.output_ids), len(context)
 
-    def _make_room(self, blocks: int, slot: bool = False) -> None:
-        """Abort paused requests, oldest first, until ``blocks`` are free (and with ``slot``, vLLM's
-        batch has room for one more request), so vLLM never preempts or queues on their account."""
-        scheduler = self._scheduler()
-        while self._paused and (self._block_pool().get_num_free_blocks() < blocks or slot and
-                                len(scheduler.running) + len(scheduler.waiting) >= self._slots):
-            self._stop_request(next(iter(self._paused.values())))
-
-    def _free_room_for_waiting(self) -> None:
-        """Abort paused requests, oldest first, while a request waits in vLLM's queue for a slot or for the KV
-        blocks paused ones hold: a request resumed or started after the batch or the memory filled (two starts
-        at one scheduling point may count the same free blocks) is running to our scheduler and must not wait
-        behind requests that compute nothing."""
-        scheduler = self._scheduler()
-        while self._paused and self._waiting_needs_room(scheduler):
-            self._stop_request(next(iter(self._paused.values())))
-
-    def _waiting_needs_room(self, scheduler: Any) -> bool:
-        if not (scheduler.waiting or scheduler.kv_holding_waiting):
-            return False
-        if len(scheduler.running) >= self._slots:
-            return True
-        queue = scheduler.waiting or scheduler.kv_holding_waiting
-        return self._block_pool().get_num_free_blocks() < self.blocks_for(queue.peek_request().num_tokens + 1)
-
-    def _reclaimable(self, gen: _Generation) -> int:
-        return self._only_held(gen.paused.request_id)
-
-    def _only_held(self, vllm_request_id: str) -> int:
-        """KV blocks only this vLLM request holds: what stopping it would free."""
-        blocks = self._scheduler().kv_cache_manager.coordinator.get_blocks(vllm_request_id)
-        return sum(1 for group in blocks for block in group if block.ref_cnt == 1)
-
-    def _live_request(self, gen: _Generation) -> Any:
-        """vLLM's request object for ``gen``'s live request (keyed by our id plus a suffix), if running."""
-        for key, request in self._scheduler().requests.items():
-            if self._gen_id_of(key) == gen.spec.gen_id:
-                return request if request.status == RequestStatus.RUNNING else None
-        return None
-
-    def _gen_id_of(self, vllm_request_id: str) -> str | None:
-        """The generation behind a vLLM request id: vLLM keys its requests by ours plus "-" and a suffix."""
-        return self._by_request.get(vllm_request_id) or self._by_request.get(vllm_request_id.rpartition("-")[0])
-
-    def _stop_request(self, gen: _Generation) -> None:
-        if gen.paused is not None:
-            gen.paused = None
-            del self._paused[gen.spec.gen_id]
-        request_id, gen.request_id = gen.request_id, None
-        if request_id is not None:
-            del self._by_request[request_id]
-            self._engine.abort_request([request_id])
-
-    def _record(self, gen: _Generation, out: Any, result: StepOutput) -> None:
+    def _record(self, gen: Generation, out: Any, result: StepOutput) -> None:
         gen_id = gen.spec.gen_id
         completion = out.outputs[0]
         if gen.awaiting_first_output:
@@ -362,9 +219,7 @@ class VllmEngine(Engine):
             gen.output_ids.extend(completion.token_ids)
             result.new_tokens[gen_id] = list(completion.token_ids)
         if out.finished:
-            if gen.request_id is not None:
-                self._by_request.pop(gen.request_id, None)
-            gen.request_id = None
+            self._requests.ended(gen)
             reason = completion.finish_reason
             if reason in ("stop", "length"):
                 result.finished[gen_id] = "eos" if reason == "stop" else "length"
@@ -377,17 +232,16 @@ class VllmEngine(Engine):
         the tokens it held (an upper bound). A paused request vLLM preempted is aborted: resumed by
         vLLM, it would decode unasked."""
         preempted_paused = []
-        for request in self._scheduler().requests.values():
-            gen_id = self._gen_id_of(request.request_id)
-            gen = self._gens.get(gen_id) if gen_id is not None else None
-            if gen_id is not None and gen is not None and request.num_preemptions > gen.preemptions:
+        for gen_id, request in self._requests.by_generation():
+            gen = self._gens.get(gen_id)
+            if gen is not None and request.num_preemptions > gen.preemptions:
                 gen.preemptions = request.num_preemptions
                 result.preempted.append(gen_id)
                 result.recomputed_tokens += request.num_tokens
                 if gen.paused is not None:
                     preempted_paused.append(gen)
         for gen in preempted_paused:
-            self._stop_request(gen)
+            self._requests.stop(gen)
 
     def _fail_running(self, began: float, cause: str) -> StepOutput:
         result = StepOutput(duration=time.perf_counter() - began)
@@ -396,14 +250,8 @@ class VllmEngine(Engine):
                 continue
             result.failed[gen.spec.gen_id] = cause
             with contextlib.suppress(Exception):  # vLLM may have lost the request already
-                self._stop_request(gen)
+                self._requests.stop(gen)
         return result
-
-    def _block_pool(self) -> Any:
-        return self._scheduler().kv_cache_manager.block_pool
-
-    def _scheduler(self) -> Any:
-        return self._engine.engine_core.engine_core.scheduler
 
 
 def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offloading_gib: float | None,
