@@ -23,7 +23,7 @@ ARM_PLAN = "goto('red_box');pick('red_box');goto('tray');drop('red_box');"
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmEngine]:
     # A small cache (about 160 blocks) so that a test can evict from it.
-    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.02, max_num_seqs=16)
+    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.02, max_batch=16)
     yield eng
     eng.close()
 
