@@ -176,7 +176,7 @@ DEMO_POLICIES = ("timelyllm", "vllm-stream", "vllm")
 
 
 DEMO_POINTS = {
-    "light": "WID1 (or --workload), the batch cap the policy's: the engine keeps up and the streaming policies "
+    "light": "WID1 (or --workload), the shipped batch cap (max_batch): the engine keeps up and the streaming policies "
              "are level",
     "bursty": "106 drone tasks in 60 s in bursts of up to 16, the batch capped at 8 (--max-batch): slots are "
               "scarce and the scheduler decides who gets them",
