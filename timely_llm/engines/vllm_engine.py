@@ -434,7 +434,7 @@ def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offl
 def _request_slots(max_batch: int | None, paused_slots: int) -> dict[str, int]:
     """vLLM's ``max_num_seqs`` for batch cap ``max_batch`` (none given: vLLM's default, no room kept for paused
     requests)."""
-    if max_batch is not None and max_batch < 0 or paused_slots < 0:
+    if (max_batch or 0) < 0 or paused_slots < 0:
         raise ValueError(f"max_batch and paused_slots must be >= 0, got {max_batch} and {paused_slots}")
     return {"max_num_seqs": max_batch + paused_slots} if max_batch else {}
 
