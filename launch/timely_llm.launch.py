@@ -6,7 +6,7 @@
 
 Parameters come from ``params_file`` (default: the installed config/timely_llm.yaml); each of engine, policy,
 model and hw_profile given on the command line overrides the file, and so does each vLLM engine argument in
-``vllm_args`` (space-separated ``KEY:=VALUE``, e.g. ``vllm_args:="max_num_seqs:=8 dtype:=float16"``: the node's
+``vllm_args`` (space-separated ``KEY:=VALUE``, e.g. ``vllm_args:="max_model_len:=4096 dtype:=float16"``: the node's
 parameters ``vllm.KEY``, values read as ``-p`` reads them). With ``autostart:=false`` the lifecycle node
 waits unconfigured for its transitions (configure, activate). With ``namespace:=NS`` the node is
 /NS/timely_llm_server and its action and topics are /NS/request_plan, /NS/<agent_id>/segment_done, /NS/status;

@@ -29,7 +29,7 @@ def start_serve(log_dir: Path, name: str) -> ServeProcess:
     """A fresh ``vllm serve`` of SmolLM2 on a free loopback port (1-2 min of compiling on a 2-core CPU)."""
     path, dtype = smollm2(serving_python())
     engine = EngineConfig("smollm2", str(path), dtype, max_model_len=2048, kv_cache_gib=0.25,
-                          max_num_seqs=MAX_NUM_SEQS)
+                          max_batch=MAX_NUM_SEQS)
     return ServeProcess(engine, free_tcp_port(), priority=False, reserved_cpus=0, log=log_dir / f"{name}.log",
                         start_timeout=START_TIMEOUT_S, api_key=API_KEY,
                         python=serving_python())

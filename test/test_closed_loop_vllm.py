@@ -29,7 +29,7 @@ VALUE = "on the shelf by the window"
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmEngine]:
-    eng = VllmEngine("smollm2", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=4)
+    eng = VllmEngine("smollm2", max_model_len=2048, kv_cache_gib=0.25, max_batch=4)
     yield eng
     eng.close()
 

@@ -14,7 +14,7 @@ from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.remote import RemoteEngine
 from timely_llm.engines.sim import SimEngine
 
-VLLM_MAX_NUM_SEQS = 8
+VLLM_MAX_BATCH = 8
 REMOTE_PATIENCE_S = 300.0
 """How long a step on the remote engine may wait for its server (a loaded 2-core CPU may give 1 token/s)."""
 
@@ -34,7 +34,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
         return
     from timely_llm.engines.vllm_engine import VllmEngine
 
-    eng = VllmEngine(max_model_len=512, kv_cache_gib=0.02, max_num_seqs=VLLM_MAX_NUM_SEQS)
+    eng = VllmEngine(max_model_len=512, kv_cache_gib=0.02, max_batch=VLLM_MAX_BATCH)
     yield eng
     eng.close()
 
@@ -127,7 +127,7 @@ def test_released_ids_can_start_again(engine: Engine) -> None:
 
 
 def test_batch_cap_is_declared(engine: Engine) -> None:
-    expected = None if isinstance(engine, SimEngine) else VLLM_MAX_NUM_SEQS  # remote: the servers' cap (8)
+    expected = None if isinstance(engine, SimEngine) else VLLM_MAX_BATCH  # remote: the servers' cap (8)
     assert engine.max_batch == expected
 
 

@@ -122,7 +122,7 @@ def _replay_burst_at_cap_2(paused_slots: int | None) -> fidelity.FidelityRun:
     first = burst.requests[0].arrival
     burst = replace(burst, requests=tuple(replace(r, arrival=r.arrival - first) for r in burst.requests[:10]))
     room = {} if paused_slots is None else {"paused_slots": paused_slots}
-    engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_num_seqs=2, **room)
+    engine = VllmEngine("tiny", max_model_len=2048, kv_cache_gib=0.25, max_batch=2, **room)
     try:
         assert engine.max_batch == 2
         run = fidelity.replay(fidelity.REAL, engine, WallClock(), None, burst, "timelyllm", load_skill_models(),

@@ -113,17 +113,17 @@ def test_a_live_parameter_applies_and_a_configure_time_one_is_refused(ros_domain
         server.wait_for(lambda: "parameters set: policy" in server.output(chars=0), "the live policy applied")
         refused = set_one("max_batch", 8)
         assert not refused.successful and "configure-time" in refused.reason, refused
-        assert parameters_of(link.node, server, ["policy", "max_batch"]) == {"policy": "fcfs", "max_batch": 0}
+        assert parameters_of(link.node, server, ["policy", "max_batch"]) == {"policy": "fcfs", "max_batch": 64}
         serve_one_goal(link, server)
 
 
 def test_another_engines_parameters_fail_configure_naming_them(ros_domain: int, link: PlanLink,
                                                                tmp_path: Path) -> None:
-    server_run, _ = _serve(ros_domain, tmp_path, "vllm.max_num_seqs:=4", "remote.url:=http://127.0.0.1:9/v1")
+    server_run, _ = _serve(ros_domain, tmp_path, "vllm.max_model_len:=1024", "remote.url:=http://127.0.0.1:9/v1")
     with server_run as server:
         server.wait_for(lambda: "configure failed" in server.output(chars=0), "the configure refused")
         (line,) = [line for line in server.output(chars=0).splitlines() if "]: configure failed: " in line]
-        assert "vllm.max_num_seqs (engine vllm)" in line and "remote.url (engine remote)" in line, line
+        assert "vllm.max_model_len (engine vllm)" in line and "remote.url (engine remote)" in line, line
         assert "this node's, sim" in line, line
         assert _state(link, server) == "unconfigured"
 

@@ -337,8 +337,8 @@ def test_launch_file_with_no_arguments_serves_a_free_text_task(launch_packages: 
     tello = load_skill_models()["tello"]
     with _launch(workspace, launch_packages, ros_domain) as server:
         server.wait_for(lambda: READY_LINE in server.output(chars=0), "the engine started", VLLM_START_TIMEOUT_S)
-        assert parameters_of(link.node, server, ["engine", "model", "vllm.max_num_seqs"]) == {
-            "engine": "vllm", "model": "smollm2", "vllm.max_num_seqs": 64}
+        assert parameters_of(link.node, server, ["engine", "model", "max_batch"]) == {
+            "engine": "vllm", "model": "smollm2", "max_batch": 64}
         server.wait_for(link.action.server_is_ready, "action server")
         robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(tello, time_scale=0.1))
         try:
@@ -357,13 +357,15 @@ def test_launch_file_without_autostart_leaves_the_node_unconfigured(launch_packa
                                                                    link: PlanLink) -> None:
     """... with the vLLM engine arguments given in vllm_args over the params file's."""
     get_state = link.node.create_client(GetState, f"/{SERVER}/get_state")
-    engine_args = '"vllm_args:=max_num_seqs:=8 dtype:=float16"'
+    engine_args = '"vllm_args:=max_num_batched_tokens:=4096 dtype:=float16"'
     with _launch(workspace, launch_packages, ros_domain, "autostart:=false", engine_args) as server:
         server.wait_for(get_state.service_is_ready, "lifecycle services")
         state = ask(server, lambda: get_state.call_async(GetState.Request()), "get_state answer")
         assert state.current_state.label == "unconfigured"
-        assert parameters_of(link.node, server, ["engine", "vllm.max_num_seqs", "vllm.dtype", "vllm.max_model_len"]) \
-            == {"engine": "vllm", "vllm.max_num_seqs": 8, "vllm.dtype": "float16", "vllm.max_model_len": 2048}
+        assert parameters_of(link.node, server, ["engine", "vllm.max_num_batched_tokens", "vllm.dtype",
+                                                 "vllm.max_model_len"]) \
+            == {"engine": "vllm", "vllm.max_num_batched_tokens": 4096, "vllm.dtype": "float16",
+                "vllm.max_model_len": 2048}
         assert READY_LINE not in server.output()
 
 

@@ -185,7 +185,7 @@ def test_robots_answer_blocking_calls_over_the_action_and_the_topic_on_smollm2(
     task = "Find the keys, then the wallet."
     with server_node(session[1], session[0], engine="vllm", model="smollm2", kv_cache_gib=0.25,
                      skill_models=[str(path)], max_new_tokens=40, **TIMEOUTS,
-                     **{"vllm.max_num_seqs": 4, "vllm.max_model_len": 2048}):
+                     max_batch=4, **{"vllm.max_model_len": 2048}):
         assert link.wait_for_server() and robots.topic_link.wait_for_server()
         check_refused_without_reports(link, robots.topic_link, "looker", task, 0)
         by_action = robots("action", "looker_action", "looker", "under the red cushion")

@@ -362,8 +362,12 @@ def test_wid1_replay_over_ros_serves_the_bench_plans_on_its_schedule(session: tu
 @pytest.mark.vllm
 def test_node_on_the_embedded_vllm_engine_serves_forced_plans(session: tuple, robots: Callable) -> None:
     with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25,
-                     **{"vllm.max_num_seqs": 4}) as node:
-        assert node.server.engine.max_batch == node.server.batch.max_batch == 4  # -p vllm.max_num_seqs:=4
+                     max_batch=4) as node:
+        assert node.server.engine.max_batch == node.server.batch.max_batch == 4  # -p max_batch:=4
+        from timely_llm.engines.vllm_engine import PAUSED_SLOTS
+
+        vllm_config = node.server.engine._engine.vllm_config  # vLLM's slots: the cap's, and room for paused ones
+        assert vllm_config.scheduler_config.max_num_seqs == 4 + PAUSED_SLOTS
         assert node.server.engine.device == "cpu"  # what /diagnostics reports as the device
         sent = {trace: ask(robots(f"{robot}_{trace}", robot), trace) for trace, robot in
                 ((6, "tello"), (2, "tello"), (9, "arm"))}

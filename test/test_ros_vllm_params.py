@@ -2,8 +2,10 @@
 at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured. What
 its policy sets (vLLM's scheduling) the node starts vLLM with as ``bench --engine vllm`` does.
 
-(That ``vllm.max_num_seqs`` sets the server's batch cap is checked where an engine really starts: test_ros_node.py's
-vLLM test, and here ``timely-llm serve`` without a params file, which runs vLLM as the launch file does.)
+The batch cap is one parameter, ``max_batch``, for the scheduler and the engine alike: vLLM's ``max_num_seqs`` follows
+it, and ``vllm.max_num_seqs`` is refused naming it. (That ``max_batch`` caps vLLM's batch is checked where an engine
+really starts: test_ros_node.py's vLLM test, and here ``timely-llm serve`` without a params file, which runs vLLM as
+the launch file does.)
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _configure_fails(node: object, bound_s: float | None = None) -> str:
 
 def test_an_unknown_vllm_field_fails_configure_naming_it(session: tuple, link: object) -> None:
     with server_node(session[1], session[0], engine="vllm", model="tiny", autostart=False,
-                     **{"vllm.max_num_seqs": 4, "vllm.no_such_field": 1}) as node:
+                     **{"vllm.max_model_len": 1024, "vllm.no_such_field": 1}) as node:
         assert node.get_parameter("vllm.no_such_field").value == 1
         reason = _configure_fails(node)
         assert reason.startswith("vllm.no_such_field: vLLM has no engine argument"), reason
@@ -68,9 +70,10 @@ def test_an_unknown_vllm_field_fails_configure_naming_it(session: tuple, link: o
 
 def test_a_value_vllm_refuses_fails_configure_with_vllms_reason(session: tuple, link: object) -> None:
     with server_node(session[1], session[0], engine="vllm", model="tiny", autostart=False,
-                     **{"vllm.max_num_seqs": -4}) as node:
+                     **{"vllm.max_num_batched_tokens": -4}) as node:
         reason = _configure_fails(node)
-        assert reason.startswith("vLLM refused the engine arguments (") and "vllm.max_num_seqs=-4" in reason, reason
+        assert reason.startswith("vLLM refused the engine arguments ("), reason
+        assert "vllm.max_num_batched_tokens=-4" in reason, reason
         assert "Input should be greater than or equal to 1" in reason, reason  # vLLM's own words
         assert _state(link, session[1]) == "unconfigured"
 
@@ -100,8 +103,9 @@ def started_with(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     started: list[dict] = []
 
     class RecordingEngine:
-        def __init__(self, model: str | None = None, kv_cache_gib: float | None = None, **engine_args: object):
-            started.append(engine_args)
+        def __init__(self, model: str | None = None, kv_cache_gib: float | None = None,
+                     max_batch: int | None = None, **engine_args: object):
+            started.append({"max_batch": max_batch, **engine_args})
             raise EngineArgsError("recorded, not started")
 
     monkeypatch.setitem(sys.modules, "timely_llm.engines.vllm_engine",
@@ -118,7 +122,26 @@ def test_the_node_starts_vllm_as_bench_does_for_its_policy(session: tuple, start
                  "--out", str(tmp_path / "r.json")]) == 2
     node_args, bench_args = started_with
     assert node_args["scheduling_policy"] == scheduling
+    assert node_args["max_batch"] == 64  # the shipped params file's, on both sides
     assert node_args == {k: v for k, v in bench_args.items() if k != "seed"}  # bench alone seeds vLLM (--seed)
+
+
+def test_max_batch_reaches_the_engine_from_the_node_and_from_bench(session: tuple, started_with: list[dict],
+                                                                  tmp_path: Path) -> None:
+    with server_node(session[1], session[0], engine="vllm", model="tiny", max_batch=5, autostart=False) as node:
+        assert _configure_fails(node) == "recorded, not started"
+    assert main(["bench", "--engine", "vllm", "--model", "tiny", "--workload", "WID1", "--policy", "timelyllm",
+                 "--max-batch", "5", "--out", str(tmp_path / "r.json")]) == 2
+    assert [args["max_batch"] for args in started_with] == [5, 5]
+    assert all("max_num_seqs" not in args for args in started_with)
+
+
+def test_vllm_max_num_seqs_fails_configure_naming_max_batch(session: tuple, link: object) -> None:
+    with server_node(session[1], session[0], engine="vllm", model="tiny", autostart=False,
+                     **{"vllm.max_num_seqs": 8}) as node:
+        reason = _configure_fails(node)
+        assert reason.startswith("vllm.max_num_seqs: set it through parameter max_batch (CLI: --max-batch)"), reason
+        assert _state(link, session[1]) == "unconfigured"
 
 
 def test_a_vllm_argument_the_policy_sets_is_refused_naming_the_parameter(session: tuple) -> None:
@@ -128,13 +151,13 @@ def test_a_vllm_argument_the_policy_sets_is_refused_naming_the_parameter(session
 
 
 @pytest.mark.vllm
-def test_serve_without_a_params_file_runs_vllm_with_at_most_max_num_seqs_generations(ros_domain: int, link: object
-                                                                                     ) -> None:
+def test_serve_without_a_params_file_runs_vllm_with_at_most_max_batch_generations(ros_domain: int, link: object
+                                                                                  ) -> None:
     """The shipped params file's engine (vLLM) with no --params; eight plans asked at once under policy vllm (a
     generation holds its batch slot until its plan ends) never run more than four at a time, and do run four."""
     statuses: list[ServerStatus] = []
     link.node.create_subscription(ServerStatus, "status", statuses.append, SERVER_STATUS_QOS)
-    command = [str(VENV_BIN / "timely-llm"), "serve", "--ros-args", "-p", "vllm.max_num_seqs:=4", "-p", "model:=tiny",
+    command = [str(VENV_BIN / "timely-llm"), "serve", "--ros-args", "-p", "max_batch:=4", "-p", "model:=tiny",
                "-p", "kv_cache_gib:=0.25", "-p", "policy:=vllm", "-p", "status_period:=0.05"]
     tello, catalog = load_skill_models()["tello"], load_catalog()
     traces = [t for t in catalog.traces.values() if t.robot == "tello"][:8]

@@ -58,7 +58,7 @@ def test_a_json_object_in_a_ros_string_parameter_reaches_vllm_as_a_mapping() -> 
 
 def test_unknown_forced_and_renamed_fields_are_refused_naming_the_field() -> None:
     with pytest.raises(EngineArgsError, match=r"^vllm\.no_such_field: vLLM has no engine argument") as unknown:
-        check_fields({"max_num_seqs": 8, "no_such_field": 1})
+        check_fields({"dtype": "half", "no_such_field": 1})
     assert "\n" not in str(unknown.value)
     with pytest.raises(EngineArgsError, match=r"did you mean vllm\.max_num_seqs\?"):
         check_fields({"max_num_seq": 8})
@@ -69,11 +69,19 @@ def test_unknown_forced_and_renamed_fields_are_refused_naming_the_field() -> Non
         check_fields({"kv_cache_memory_bytes": 1 << 30})
     with pytest.raises(EngineArgsError, match="through parameter model"):
         check_fields({"model": "x"})
-    check_fields({"max_num_seqs": 8, "dtype": "half", "tensor_parallel_size": 2, "quantization": "awq"})
+    check_fields({"max_model_len": 1024, "dtype": "half", "tensor_parallel_size": 2, "quantization": "awq"})
+
+
+def test_max_num_seqs_is_refused_naming_the_batch_cap_setting() -> None:
+    """vLLM's max_num_seqs follows the one batch cap, max_batch (plus slots for paused generations)."""
+    with pytest.raises(EngineArgsError) as refused:
+        check_fields({"max_num_seqs": 8})
+    assert str(refused.value).startswith("vllm.max_num_seqs: set it through parameter max_batch (CLI: --max-batch)")
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("given,named", [
-    ({"max_num_seqs": -1}, "max_num_seqs"),
+    ({"max_num_batched_tokens": -1}, "max_num_batched_tokens"),
     ({"dtype": "float17"}, "dtype"),
     ({"max_model_len": "long"}, "max_model_len"),
 ])
@@ -155,7 +163,13 @@ VLLM_BENCH = ["bench", "--engine", "vllm", "--workload", "WID1", "--policy", "vl
     ([*PLAN, "--vllm-arg", "async_scheduling=true"], ["--vllm-arg: async_scheduling: set by timely_llm's engine"]),
     ([*VLLM_BENCH, "--vllm-arg", "seed=3", "--out", "{tmp}/r.json"], ["--vllm-arg: seed is set by --seed"]),
     ([*VLLM_BENCH, "--max-batch", "4", "--vllm-arg", "max_num_seqs=8", "--out", "{tmp}/r.json"],
-     ["--vllm-arg: max_num_seqs is set by --max-batch"]),
+     ["--vllm-arg: max_num_seqs: set it through parameter max_batch (CLI: --max-batch)"]),
+    ([*VLLM_BENCH, "--vllm-arg", "max_num_seqs=8", "--out", "{tmp}/r.json"],
+     ["--vllm-arg: max_num_seqs: set it through parameter max_batch (CLI: --max-batch)"]),
+    (["fidelity", "--vllm-arg", "max_num_seqs=8"],
+     ["timely-llm fidelity: error: --vllm-arg: max_num_seqs: set it through parameter max_batch"]),
+    (["demo", "--engine", "vllm", "--vllm-arg", "max_num_seqs=8"],
+     ["timely-llm demo: error: --vllm-arg: max_num_seqs: set it through parameter max_batch"]),
     (["bench", "--workload", "WID1", "--policy", "vllm", "--vllm-arg", "dtype=half", "--out", "{tmp}/r.json"],
      ["--vllm-arg: applies to --engine vllm only"]),
 ])

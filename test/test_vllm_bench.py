@@ -29,6 +29,13 @@ def engine() -> Iterator[VllmEngine]:
     e.close()
 
 
+def test_without_max_batch_the_cap_is_vllms_default_max_num_seqs(engine):
+    from vllm import EngineArgs
+
+    default = EngineArgs(model=engine._engine.model_config.model).create_engine_config().scheduler_config
+    assert engine.max_batch == engine._engine.vllm_config.scheduler_config.max_num_seqs == default.max_num_seqs
+
+
 @pytest.mark.parametrize("policy", ["timelyllm", "vllm"])
 def test_replayed_workload_on_vllm_obeys_the_record_definitions(engine, policy):
     workload = generate(WorkloadSpec("short", 1.0, 3, (1, 6, 7, 9), 6, 4.0), CATALOG, SKILLS, seed=3)

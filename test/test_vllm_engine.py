@@ -10,6 +10,7 @@ import pytest
 from guards import bounded
 
 from timely_llm.engines.base import EngineRejected, GenerationSpec, ResumeInfo
+from timely_llm.engines.vllm_args import EngineArgsError
 from timely_llm.engines.vllm_engine import PAUSED_SLOTS, VllmEngine
 from timely_llm.models import CORPUS
 
@@ -23,9 +24,19 @@ ARM_PLAN = "goto('red_box');pick('red_box');goto('tray');drop('red_box');"
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmEngine]:
     # A small cache (about 160 blocks) so that a test can evict from it.
-    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.02, max_num_seqs=16)
+    eng = VllmEngine(max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.02, max_batch=16)
     yield eng
     eng.close()
+
+
+def test_the_batch_cap_is_max_batch_and_vllm_has_slots_beyond_it_for_paused_generations(engine: VllmEngine) -> None:
+    assert engine.max_batch == 16
+    assert engine._engine.vllm_config.scheduler_config.max_num_seqs == 16 + PAUSED_SLOTS
+
+
+def test_vllms_max_num_seqs_is_refused_naming_max_batch_before_vllm_loads() -> None:
+    with pytest.raises(EngineArgsError, match=r"^vllm\.max_num_seqs: set it through parameter max_batch"):
+        VllmEngine("no-such-model-directory", max_num_seqs=16)
 
 
 def corpus_prompt(engine: VllmEngine, first_line: int, min_tokens: int) -> list[int]:

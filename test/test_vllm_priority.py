@@ -29,7 +29,7 @@ def first_token_order(engine: VllmEngine, priorities: list[int]) -> list[str]:
 def test_priority_argument_reaches_vllm_and_orders_its_waiting_queue():
     # One sequence at a time, and no slot beyond it: vLLM runs its waiting queue in its own order. Started 2, 1, 0,
     # the requests run lowest priority value first, i.e. against their arrival order.
-    engine = VllmEngine(max_model_len=256, kv_cache_gib=0.02, max_num_seqs=1, paused_slots=0,
+    engine = VllmEngine(max_model_len=256, kv_cache_gib=0.02, max_batch=1, paused_slots=0,
                         scheduling_policy="priority")
     try:
         assert first_token_order(engine, [2, 1, 0]) == ["g2", "g1", "g0"]

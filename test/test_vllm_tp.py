@@ -28,7 +28,7 @@ def engine() -> Iterator[VllmEngine]:
     first, second = sorted(os.sched_getaffinity(0))[:2]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{first}|{second}")
-        eng = VllmEngine(max_model_len=1024, kv_cache_gib=0.002, max_num_seqs=8, tensor_parallel_size=2,
+        eng = VllmEngine(max_model_len=1024, kv_cache_gib=0.002, max_batch=8, tensor_parallel_size=2,
                          distributed_executor_backend="mp")
     yield eng
     eng.close()

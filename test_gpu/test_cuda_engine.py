@@ -29,7 +29,7 @@ SHARE = {"gpu_memory_utilization": 0.3}
 
 @pytest.fixture(scope="module", params=["bfloat16", "float16"])
 def engine(request: pytest.FixtureRequest) -> Iterator[VllmEngine]:
-    eng = VllmEngine("smollm2", kv_cache_gib=2.0, max_model_len=2048, max_num_seqs=64, dtype=request.param, **SHARE)
+    eng = VllmEngine("smollm2", kv_cache_gib=2.0, max_model_len=2048, max_batch=64, dtype=request.param, **SHARE)
     yield eng
     eng.close()
 

@@ -158,9 +158,9 @@ def _model_dir(text: str) -> str:
 
 def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-arg", action="append", default=[], type=_vllm_arg, metavar="KEY=VALUE",
-                   help="a vLLM engine argument (any EngineArgs field, e.g. max_num_seqs=8, dtype=float16, "
-                        "tensor_parallel_size=2), repeatable; VALUE read as YAML; the others as in the vllm section "
-                        "of config/timely_llm.yaml")
+                   help="a vLLM engine argument (any EngineArgs field but max_num_seqs, which follows the batch "
+                        "cap, e.g. dtype=float16, tensor_parallel_size=2), repeatable; VALUE read as YAML; the "
+                        "others as in the vllm section of config/timely_llm.yaml")
 
 
 def _vllm_arg(text: str) -> tuple[str, object]:
@@ -189,11 +189,12 @@ def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 
 def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gib: float | None = None,
-                 announce: str = "", **options: tuple[str, object]):  # noqa: ANN202
+                 announce: str = "", max_batch: int | None = None, **options: tuple[str, object]):  # noqa: ANN202
     """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
     ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
-    ``kv_cache_gib``: the shipped one unless given. ``announce`` goes to stderr once the model and the arguments
-    passed the checks made before vLLM loads (so a refusal there stays one line)."""
+    ``kv_cache_gib`` and the batch cap ``max_batch`` (--max-batch): the shipped ones unless given. ``announce`` goes
+    to stderr once the model and the arguments passed the checks made before vLLM loads (so a refusal there stays
+    one line)."""
     from timely_llm.engines.vllm_args import EngineArgsError, engine_args, shipped_parameters
     from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
 
@@ -210,7 +211,9 @@ def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gi
     try:
         from timely_llm.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model, kv_cache_gib=kv_cache_gib or shipped_parameters()["kv_cache_gib"], **arguments)
+        shipped = shipped_parameters()
+        return VllmEngine(model, kv_cache_gib=kv_cache_gib or shipped["kv_cache_gib"],
+                          max_batch=max_batch or shipped["max_batch"], **arguments)
     except (EngineArgsError, ModelNotReachable) as exc:
         raise ConfigError("--vllm-arg" if isinstance(exc, EngineArgsError) else "--model", None, str(exc)) from None
 

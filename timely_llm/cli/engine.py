@@ -100,7 +100,8 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
     p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
     p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
-    p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="batch cap on both sides (default 64)")
+    p.add_argument("--max-batch", type=_positive_int, default=64,
+                   help="batch cap on both sides: vllm serve's --max-num-seqs, the node's max_batch (default 64)")
     p.add_argument("--block-size", type=_positive_int, default=None,
                    help="KV block size in tokens on both sides (default: vLLM's, 128 on the CPU)")
     p.add_argument("--reserved-cpus", type=_nonneg_int, default=None,
@@ -155,7 +156,7 @@ def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
     catalog = load_catalog()
     path, dtype = resolve_model(args.model)
     engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
-                          max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, block_size=args.block_size)
+                          max_batch=args.max_batch, max_tokens=args.max_tokens, block_size=args.block_size)
     workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
     if args.first:
         workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
@@ -192,7 +193,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                    choices=[n for n in POLICIES if n != "vllm-priority"],
                    help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
     p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
-                   help=f"batch cap, and vLLM's max_num_seqs unless --vllm-arg gives it (default {BURSTY_MAX_BATCH})")
+                   help=f"batch cap of the scheduler and the vLLM engine (default {BURSTY_MAX_BATCH})")
     p.add_argument("--hw", default="cpu-2core-smollm2-135m",
                    help="the simulator's hardware profile (default cpu-2core-smollm2-135m)")
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
@@ -217,10 +218,9 @@ def _fidelity(args: argparse.Namespace) -> int:
           f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           "at the start", flush=True)
     _quiet_vllm_logging()
-    seqs = {} if "max_num_seqs" in dict(args.vllm_arg) else {"max_num_seqs": ("--max-batch", args.max_batch)}
     with _stdout_to_stderr():
-        engine = _vllm_engine(args.model, args.vllm_arg, seed=("--seed", args.seed),
-                              scheduling_policy=("--policies", "fcfs"), **seqs)
+        engine = _vllm_engine(args.model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
+                              scheduling_policy=("--policies", "fcfs"))
     try:
         print("engine ready; warming up, then the real runs", flush=True)
         runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,

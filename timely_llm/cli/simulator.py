@@ -51,8 +51,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=0,
                    help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
     p.add_argument("--max-batch", type=_positive_int, default=None,
-                   help=f"most generations in one batch (default: {DEFAULT_MAX_BATCH}, or less if the engine "
-                        "runs fewer at once: the vLLM engine's max_num_seqs)")
+                   help=f"batch cap: most generations at once, for the scheduler and the vLLM engine (default: "
+                        f"{DEFAULT_MAX_BATCH} on sim; on vllm config/timely_llm.yaml's max_batch)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
     p.add_argument("--features", default="default", type=_features, metavar="PARTS",
@@ -106,8 +106,8 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError("--estimator-profile", None, str(exc)) from None
         _quiet_vllm_logging()
         set_by_policy = {name: ("--policy", value) for name, value in config.vllm_args().items()}
-        cap = {"max_num_seqs": ("--max-batch", args.max_batch)} if args.max_batch else {}
-        engine = _vllm_engine(model, args.vllm_arg, seed=("--seed", args.seed), **set_by_policy, **cap)
+        engine = _vllm_engine(model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
+                              **set_by_policy)
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
         setup = dataclasses.replace(EngineSetup.simulator(profile, args.suspend_in_place), profile=step_model)
@@ -161,6 +161,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _add_sweep(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation import sweep
+    from timely_llm.server import DEFAULT_MAX_BATCH
 
     p.add_argument("--hw", nargs="+", default=["rtx4090-llama3-8b"], help="hardware profile names or YAML files")
     p.add_argument("--policies", nargs="+", default=list(sweep.POLICIES), choices=tuple(_policies()),
@@ -168,7 +169,7 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", nargs="+", type=_positive_int, default=list(sweep.AGENTS),
                    help="numbers of agents, the load axis (the event rate grows with them)")
     p.add_argument("--caps", nargs="+", default=[str(c or "none") for c in sweep.CAPS],
-                   help="batch caps; 'none' for vLLM's default max_num_seqs (256)")
+                   help=f"batch caps; 'none' for the default, {DEFAULT_MAX_BATCH} (vLLM's default max_num_seqs)")
     p.add_argument("--duration", type=float, default=200.0, help="seconds of arrivals per workload")
     p.add_argument("--seed", type=int, default=3, help="workload seed")
     p.add_argument("--bench-seed", type=int, default=0, help="robot execution-time draws")

@@ -99,7 +99,7 @@ class RunningBatch(Sequence[Request]):
 class BatchController:
     """Decides whether one more generation may run in the next iteration.
 
-    * A fixed ``max_batch`` caps the batch (vLLM's ``max_num_seqs``) in every mode.
+    * A fixed ``max_batch`` caps the batch (the engine's cap too) in every mode.
     * Free KV memory must hold the newcomer's context plus one segment.
     * Adaptive mode also protects running generations more urgent than the newcomer
       (earlier deadline) that can still make it: one whose worst case (WCET: tokens

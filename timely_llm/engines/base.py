@@ -142,7 +142,7 @@ class Engine(ABC):
     block_size: int
     """KV block size in tokens."""
     max_batch: int | None = None
-    """Most generations the engine runs at once (vLLM's ``max_num_seqs``); None for no limit."""
+    """Most generations the engine runs at once (its batch cap); None for no limit."""
     suspends_in_place: bool = False
     """A suspension keeps the generation's KV where it is (until a newcomer needs the memory), so a
     resume prefills nothing; otherwise the KV goes to the prefix cache and a resume recomputes its tail."""

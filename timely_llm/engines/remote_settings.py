@@ -76,7 +76,8 @@ _DESCRIPTIONS = {
                    "itself is never a parameter); empty = none",
     "tokenizer": "engine remote: the served model's tokenizer files (directory or tokenizer.json); empty = the "
                  "server's /tokenize and /detokenize",
-    "max_num_seqs": "engine remote: most generations streaming from one server at once (its --max-num-seqs)",
+    "max_num_seqs": "engine remote: most generations streaming from one server at once (its --max-num-seqs); "
+                    "the node's batch cap is max_batch, at most this x servers",
     "api": "engine remote: how requests carry the grammar: auto (by the server's /version), structured_outputs "
            "(vLLM >= 0.10.2) or guided_grammar (older vLLM)",
     "timeout": "engine remote: seconds a stream may go without a token before its goal is aborted",

@@ -35,6 +35,8 @@ FORCED: dict[str, str] = {
 RENAMED: dict[str, str] = {
     "model": "parameter model (CLI: --model)",
     "kv_cache_memory_bytes": "parameter kv_cache_gib",
+    "max_num_seqs": "parameter max_batch (CLI: --max-batch), the batch cap; vLLM gets it plus slots for paused "
+                    "generations",
 }
 """EngineArgs fields set through a name of their own here."""
 

@@ -9,7 +9,7 @@ the observation and the call's last token, whose KV the pause never wrote. Where
 memory or the batch slot a paused request holds, or vLLM preempts it, the oldest paused request is aborted
 instead: its full KV blocks stay in vLLM's prefix cache (until evicted), and
 resuming it with prompt + generated ids prefills only the tail. vLLM gets
-``PAUSED_SLOTS`` request slots beyond the batch cap (``max_num_seqs``) for paused
+``PAUSED_SLOTS`` request slots (``max_num_seqs``) beyond the batch cap (``max_batch``) for paused
 requests, so that a newcomer at a full batch does not cost one of them its KV.
 Scheduling is synchronous and there is no speculative decoding, so each step
 yields at most one token per running generation: when the server suspends right
@@ -45,7 +45,7 @@ from timely_llm.models import resolve_model
 
 GIB = 1 << 30
 PAUSED_SLOTS = 64
-"""vLLM request slots beyond a given ``max_num_seqs``, held by requests paused in place (they compute nothing).
+"""vLLM request slots beyond a given ``max_batch``, held by requests paused in place (they compute nothing).
 With none to spare, every newcomer at a full capped batch aborted a paused request and its resume prefilled again:
 229 of 233 resumes at cap 8 in a quiet bursty run, the response time normal robots paid (docs/simulator.md)."""
 
@@ -59,6 +59,7 @@ class VllmEngine(Engine):
         *,
         kv_cache_gib: float | None = None,
         kv_offloading_gib: float | None = None,
+        max_batch: int | None = None,
         paused_slots: int = PAUSED_SLOTS,
         **engine_args: Any,
     ) -> None:
@@ -69,21 +70,24 @@ class VllmEngine(Engine):
         ``kv_cache_gib`` sizes the KV cache on CPU and GPU alike (vLLM's ``kv_cache_memory_bytes``); None or 0
         lets vLLM size it from ``gpu_memory_utilization``. A ``VLLM_CPU_KVCACHE_SPACE`` set in the environment
         still overrides it on CPU. ``kv_offloading_gib`` adds a host memory tier for evicted KV blocks (GPU only).
-        ``engine_args`` are any other fields of vLLM's ``EngineArgs`` (e.g. ``max_model_len``, ``max_num_seqs``,
-        ``dtype``, ``tensor_parallel_size``, ``scheduling_policy``: with ``"priority"`` each generation's
+        ``max_batch`` is the batch cap, the most generations running at once: vLLM's ``max_num_seqs`` is it plus
+        ``paused_slots`` for the generations suspended in place; None or 0 leaves ``max_num_seqs`` at vLLM's
+        default, which is then the cap.
+        ``engine_args`` are any other fields of vLLM's ``EngineArgs`` (e.g. ``max_model_len``, ``dtype``,
+        ``tensor_parallel_size``, ``scheduling_policy``: with ``"priority"`` each generation's
         ``priority`` orders vLLM's waiting queue and picks its preemption victim), passed as they are; vLLM's
-        refusal raises EngineArgsError (vllm_args). A given ``max_num_seqs`` is the batch cap: vLLM gets
-        ``paused_slots`` more request slots for the generations suspended in place.
+        refusal, or ``max_num_seqs`` given here, raises EngineArgsError (vllm_args).
         """
-        self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, paused_slots, engine_args)
+        slots = _request_slots(max_batch, paused_slots)
+        self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, slots, engine_args)
         self._max_model_len: int = config.model_config.max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
         self._slots: int = config.scheduler_config.max_num_seqs
         """vLLM's request slots: running and paused requests together."""
-        self.max_batch: int = _batch_cap(engine_args) or self._slots
-        """The given max_num_seqs, else vLLM's own: the server's batch cap follows it."""
+        self.max_batch: int = max_batch or self._slots
+        """The given cap, else vLLM's own max_num_seqs: the server's batch cap is at most this."""
         self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         self._gens: dict[str, Generation] = {}
         self._requests = VllmRequests(self._engine, config.scheduler_config, self.block_size)
@@ -255,7 +259,7 @@ class VllmEngine(Engine):
 
 
 def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offloading_gib: float | None,
-                   paused_slots: int, engine_args: dict[str, Any]) -> tuple[LLMEngine, Any]:
+                   slots: dict[str, int], engine_args: dict[str, Any]) -> tuple[LLMEngine, Any]:
     """vLLM's engine in this process, with the settings our loop relies on, and its config."""
     check_fields(engine_args)
     # In process (our scheduler reads vLLM's); tensor parallel workers are still processes of their own.
@@ -263,8 +267,6 @@ def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offl
     # Model Runner V2 (the CUDA default since vLLM 0.25) takes logits processors
     # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    cap = _batch_cap(engine_args)
-    slots = {"max_num_seqs": cap + paused_slots} if cap else {}
     args = EngineArgs(
         **(_model_args(model) | engine_args | slots),
         kv_cache_memory_bytes=int(kv_cache_gib * GIB) if kv_cache_gib else None,
@@ -277,10 +279,12 @@ def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offl
     return LLMEngine.from_vllm_config(config, disable_log_stats=args.disable_log_stats), config
 
 
-def _batch_cap(engine_args: dict[str, Any]) -> int | None:
-    """The batch cap a valid ``max_num_seqs`` gives; an invalid one goes to vLLM as it is, for vLLM to refuse."""
-    cap = engine_args.get("max_num_seqs")
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+def _request_slots(max_batch: int | None, paused_slots: int) -> dict[str, int]:
+    """vLLM's ``max_num_seqs`` for batch cap ``max_batch`` (none given: vLLM's default, no room kept for paused
+    requests)."""
+    if (max_batch or 0) < 0 or paused_slots < 0:
+        raise ValueError(f"max_batch and paused_slots must be >= 0, got {max_batch} and {paused_slots}")
+    return {"max_num_seqs": max_batch + paused_slots} if max_batch else {}
 
 
 def _model_args(model: str | Path | None) -> dict[str, Any]:

@@ -63,7 +63,8 @@ class EngineConfig:
     dtype: str | None
     max_model_len: int = 2048
     kv_cache_gib: float = 1.0
-    max_num_seqs: int = 64
+    max_batch: int = 64
+    """The batch cap on both sides: vllm serve's --max-num-seqs, the node's engine and scheduler's max_batch."""
     max_tokens: int = 48
     seed: int = 0
     block_size: int | None = None
@@ -128,7 +129,7 @@ class ServeProcess:
                 "--served-model-name", engine.model, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(engine.max_model_len),
                 "--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * (1 << 30))),
-                "--max-num-seqs", str(engine.max_num_seqs), "--enable-prefix-caching", "--seed", str(engine.seed),
+                "--max-num-seqs", str(engine.max_batch), "--enable-prefix-caching", "--seed", str(engine.seed),
                 "--disable-uvicorn-access-log"]
         if engine.dtype:
             args += ["--dtype", engine.dtype]
@@ -302,7 +303,7 @@ def node_replay(engine, workload: Workload, requests: list[WorkloadRequest], pol
     engine = StepLog(engine, clock) if log is not None else engine
     driver = Driver(clock)
     robots = SimulatedRobots(skills, workload.network_latency, config.seed, driver.at)
-    server_config = ServerConfig(policy, workload.network_latency, DEFAULT_FEATURES, config.max_num_seqs,
+    server_config = ServerConfig(policy, workload.network_latency, DEFAULT_FEATURES, config.max_batch,
                                  config.max_tokens, step_profile=step_profile)
     server = build_server(server_config, engine, skills, clock, on_segment=robots.on_segment,
                           on_finish=lambda r: outcomes.append(Outcome.of(r)))
@@ -544,7 +545,7 @@ class PeerBench:
 
         progress(f"round {round_}: the node on the remote engine at {server.url}")
         engine = RemoteEngine(RemoteSettings((server.url,), tokenizer=self.engine.model_dir,
-                                             max_num_seqs=self.engine.max_num_seqs))
+                                             max_num_seqs=self.engine.max_batch))
         try:
             step_profile = estimator_profile(None, "vllm", self.engine.model, "")
             runs = []
@@ -567,7 +568,7 @@ class PeerBench:
         progress(f"round {round_}: starting the node's engine")
         engine = VllmEngine(self.engine.model, max_model_len=self.engine.max_model_len,
                             kv_cache_gib=self.engine.kv_cache_gib, seed=self.engine.seed,
-                            max_num_seqs=self.engine.max_num_seqs,
+                            max_batch=self.engine.max_batch,
                             **({"block_size": self.engine.block_size} if self.engine.block_size else {}))
         try:
             ids = {t: engine.tokenizer.encode(self.catalog.prompt_text(self.catalog[t].robot, self.catalog[t].prompt))

@@ -78,7 +78,8 @@ class NodeProcess:
 @contextmanager
 def node_process(domain_id: int, **params: object) -> Iterator[NodeProcess]:
     """The node on the sim engine and ``domain_id`` with parameter overrides, its output in a log file."""
-    overrides = [arg for k, v in {"engine": "sim", **params}.items() for arg in ("-p", f"{k}:={v}")]
+    # max_batch 0: the sim engine's own cap (256), as the node was measured under load (docs/node.md)
+    overrides = [arg for k, v in {"engine": "sim", "max_batch": 0, **params}.items() for arg in ("-p", f"{k}:={v}")]
     env = os.environ | {"ROS_DOMAIN_ID": str(domain_id)}
     log_fd, log = tempfile.mkstemp(prefix="timely-llm-load-node-", suffix=".log")
     with os.fdopen(log_fd, "w") as log_file:

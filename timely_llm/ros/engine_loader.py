@@ -162,7 +162,7 @@ class EngineLoader:
             given = from_parameters({n: p.value for n, p in vllm.items()})
             set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
             return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
-                              **engine_args(given, set_by_policy))
+                              max_batch=config.max_batch, **engine_args(given, set_by_policy))
         if self._param("engine") == "remote":
             from timely_llm.engines.remote import RemoteEngine
             from timely_llm.engines.remote_settings import PREFIX, RemoteSettings

@@ -114,8 +114,10 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "skill_models": (SHIPPED, "skill-model YAML files; empty = the shipped ones"),
     "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)}"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
-    "max_batch": (SHIPPED, "maximum batch size; 0 = the engine's (vllm.max_num_seqs or remote.max_num_seqs; 256 "
-                           "on the simulator)"),
+    "max_batch": (SHIPPED, "batch cap: most generations at once, for the scheduler and the engine (vllm: vLLM's "
+                           "max_num_seqs is this + 64 slots for paused ones; remote: at most remote.max_num_seqs x "
+                           "servers); 0 = the engine's own (vLLM's default max_num_seqs; remote.max_num_seqs x "
+                           "servers; 256 on the simulator)"),
     "network_latency": (SHIPPED, "one-way robot<->server latency in seconds; an unstamped SegmentDone was this "
                                   "long on its way"),
     "max_task_chars": (2000, "goals whose task text is longer are rejected"),
