@@ -161,7 +161,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _add_sweep(p: argparse.ArgumentParser) -> None:
     from timely_llm.evaluation import sweep
-    from timely_llm.server import DEFAULT_MAX_BATCH
+    from timely_llm.serving import DEFAULT_MAX_BATCH
 
     p.add_argument("--hw", nargs="+", default=["rtx4090-llama3-8b"], help="hardware profile names or YAML files")
     p.add_argument("--policies", nargs="+", default=list(sweep.POLICIES), choices=tuple(_policies()),
@@ -169,7 +169,7 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", nargs="+", type=_positive_int, default=list(sweep.AGENTS),
                    help="numbers of agents, the load axis (the event rate grows with them)")
     p.add_argument("--caps", nargs="+", default=[str(c or "none") for c in sweep.CAPS],
-                   help=f"batch caps; 'none' for the default, {DEFAULT_MAX_BATCH} (vLLM's default max_num_seqs)")
+                   help=f"batch caps; 'none' for the default, {DEFAULT_MAX_BATCH}")
     p.add_argument("--duration", type=float, default=200.0, help="seconds of arrivals per workload")
     p.add_argument("--seed", type=int, default=3, help="workload seed")
     p.add_argument("--bench-seed", type=int, default=0, help="robot execution-time draws")
