@@ -1,7 +1,7 @@
-"""The scheduler: decides, and the loop applies. ``schedule(now)`` carries out overload control and returns what
+"""The scheduler: decides, and the server applies. ``schedule(now)`` carries out overload control and returns what
 the engine must start, resume and suspend; ``update_from_output(out, now)`` takes an engine step's output and
 owns what follows (tokens into plan streams, segments cut, generations parked, blocked or done). Both return
-what the loop must then do, in order: engine releases and what robots are told (``Notice``). It runs nothing.
+what the server must then do, in order: engine releases and what robots are told (``Notice``). It runs nothing.
 
 The blocked set is the paper's waiting queue (§8): a generation whose dispatched segment ends in a
 blocking call leaves the schedulable set, suspended in the engine (which keeps its KV in place while
@@ -29,11 +29,11 @@ limit times this is refused before it is tokenized."""
 
 @dataclass
 class Ended:
-    """A request ended (``request.status`` and ``reason`` say how): the loop tells its robot."""
+    """A request ended (``request.status`` and ``reason`` say how): the server tells its robot."""
 
     request: Request
     in_engine: bool
-    """The engine still holds its generation: the loop releases it first."""
+    """The engine still holds its generation: the server releases it first."""
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Generated:
 
 @dataclass
 class Dispatched:
-    """A segment is cut: the loop sends it to the robot."""
+    """A segment is cut: the server sends it to the robot."""
 
     request: Request
     segment: Segment
@@ -53,7 +53,7 @@ class Dispatched:
 
 @dataclass
 class Infeasible:
-    """A request that keeps waiting can no longer get utility >= 0: the loop tells its robot."""
+    """A request that keeps waiting can no longer get utility >= 0: the server tells its robot."""
 
     request: Request
 
@@ -104,7 +104,7 @@ class Scheduler:
         self.overload.submitted(request)
 
     def end(self, request: Request, status: Status, reason: str, in_engine: bool | None = None) -> list[Notice]:
-        """End a live request (canceled, aborted by the loop); ``in_engine``: whether the engine holds the
+        """End a live request (canceled, aborted by the server); ``in_engine``: whether the engine holds the
         generation, where its status cannot tell (a start the engine refused)."""
         self._end(request, status, reason, in_engine)
         return self._take_notices()
@@ -238,7 +238,7 @@ class Scheduler:
     # ----- ends and reports -----
 
     def _end(self, request: Request, status: Status, reason: str, in_engine: bool | None = None) -> None:
-        """Any live status -> SUCCEEDED, ABORTED or CANCELED: the one exit; the loop frees what the engine holds."""
+        """Any live status -> SUCCEEDED, ABORTED or CANCELED: the one exit; the server frees what the engine holds."""
         if request.waits_for is not None and status is Status.ABORTED:
             reason += f" (its plan was waiting for the value of {call_text(request.waits_for)})"
         came_from = self.places.remove(request, status)
@@ -267,7 +267,7 @@ class Scheduler:
         if value is None:
             self._end(request, Status.ABORTED, f"robot reported segment {index} without a value")
             return
-        if len(value) > form.max_tokens * MAX_CHARS_PER_TOKEN:  # spares the loop tokenizing a flood
+        if len(value) > form.max_tokens * MAX_CHARS_PER_TOKEN:  # spares the server tokenizing a flood
             self._end(request, Status.ABORTED, f"the value reported for segment {index} is {len(value)} "
                       f"characters, more than {form.max_tokens} tokens can hold")
             return

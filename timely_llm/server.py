@@ -1,9 +1,9 @@
-"""The server: the loop that applies the scheduler's decisions to an engine, and the API robots and front ends
-call; ``serving.build_server`` builds it and ``serving.Driver`` drives it, in the benchmarks and on the node's
-thread alike.
+"""The server: one serving step at a time, applying the scheduler's decisions to an engine, and the API robots and
+front ends call; ``serving.build_server`` builds it and ``serving.Driver``, the one loop, calls its ``step``, in
+the benchmarks and on the node's thread alike.
 
 One server serves every engine and every policy. Each ``step()`` is a scheduling point: the scheduler decides
-(overload control, then which generations start, resume, go on or are suspended), the loop makes those engine
+(overload control, then which generations start, resume, go on or are suspended), the server makes those engine
 calls, the engine runs one iteration, and the scheduler takes its output (``Scheduler.update_from_output``): new
 text is segmented and each finished segment dispatched (``on_segment``). A request ends (``on_finish``) once its
 plan is generated and the robot has reported every segment executed, or when it is aborted or canceled; no
@@ -81,8 +81,8 @@ class PlanRequest:
 
 
 class Server:
-    """The loop and the public API: requests and robot reports come in, the scheduler decides, the loop makes the
-    engine calls it decided, steps the engine, and carries out what the step's output leads to."""
+    """The serving step and the public API: requests and robot reports come in, the scheduler decides, the server
+    makes the engine calls it decided, steps the engine, and carries out what the step's output leads to."""
 
     def __init__(self, engine: Engine, robots: dict[str, SkillModel], policy: ServingPolicy, scheduler: Scheduler,
                  clock: VirtualClock | WallClock, network_latency: float, features: Features,
@@ -159,7 +159,7 @@ class Server:
         self.clock.wake()
         return True
 
-    # ----- the loop -----
+    # ----- the serving step (serving.Driver calls it) -----
 
     def step(self) -> bool:
         """One scheduling point and engine iteration; False when there was nothing to run."""

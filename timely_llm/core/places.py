@@ -4,7 +4,7 @@ A live request is in the queue (WAITING, SUSPENDED, and PARKED, which is queued 
 the running batch, parked at a segment boundary, or blocked on the value of a blocking call (the paper's waiting
 queue, §8). Each transition changes a request's status and its place together: one method per transition of the
 state machine drawn in ``timely_llm.core.request``, and ``remove`` the one way out. A transition that needs the
-engine to act records the engine call; the scheduler hands the calls to the loop, in order.
+engine to act records the engine call; the scheduler hands the calls to the server, in order.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from timely_llm.core.request import Request, Status
 
 
 class Call(enum.Enum):
-    """An engine call the loop makes for a scheduling decision."""
+    """An engine call the server makes for a scheduling decision."""
 
     START = "start"  # a generation the engine does not hold yet
     RESUME = "resume"  # a suspended generation the engine holds
@@ -36,7 +36,7 @@ class RequestPlaces:
         self.evicted: set[str] = set()
         """Generations Amin suspended whose resume prefill is still to count as recomputed."""
         self.calls: list[tuple[Call, Request]] = []
-        """The engine calls the transitions made since the loop last took them (``take_calls``), in order."""
+        """The engine calls the transitions made since the server last took them (``take_calls``), in order."""
         self._blocking: dict[str, Request] = {}
         """Blocked since the last scheduling point: still to suspend in the engine."""
 
@@ -110,7 +110,7 @@ class RequestPlaces:
         self.queue.push(request)
 
     def generated(self, request: Request) -> None:
-        """RUNNING -> GENERATED: the plan is complete; out of the running set (the loop releases it from the
+        """RUNNING -> GENERATED: the plan is complete; out of the running set (the server releases it from the
         engine)."""
         request.advance(Status.GENERATED)
         del self.running[request.id]
