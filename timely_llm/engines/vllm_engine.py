@@ -84,9 +84,7 @@ class VllmEngine(Engine):
         self._vocab_size = self._engine.model_config.get_vocab_size()
         self.block_size: int = self._engine.vllm_config.cache_config.block_size
         self.tokenizer = HfTokenizer(self._engine.get_tokenizer())
-        self._slots: int = config.scheduler_config.max_num_seqs
-        """vLLM's request slots: running and paused requests together."""
-        self.max_batch: int = max_batch or self._slots
+        self.max_batch: int = max_batch or config.scheduler_config.max_num_seqs
         """The given cap, else vLLM's own max_num_seqs: the server's batch cap is at most this."""
         self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         self._gens: dict[str, Generation] = {}
