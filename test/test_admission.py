@@ -180,7 +180,7 @@ def submit_at(driver: Driver, engine: SimEngine, rid: str, trace_id: int, t: flo
 
 def test_deferred_newcomers_wait_but_an_urgent_first_segment_starts_at_once_and_takes_them_along():
     server, driver, engine = deferral_server()
-    k = server.scheduler.deferral.threshold
+    k = server.scheduler.filling.deferral.threshold
     assert 1 < k < 8  # a stall of one step intercept is worth batching
     arm_traces = [t for t in sorted(CATALOG.traces) if CATALOG[t].robot == "arm"]
     for i in range(5):  # long arm plans keep the batch decoding (served open-loop, see deferral_server)

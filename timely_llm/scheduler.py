@@ -87,12 +87,10 @@ class Scheduler:
         self.overload = overload
         self.times = times
         self.memory = memory
-        self.deferral = deferral
         self.network_latency = network_latency
         self.segmented = segmented
         self.counters = places.counters
-        self.filling = BatchFilling(places, batch, overload, times, memory, deferral, engine, network_latency,
-                                    places.counters)
+        self.filling = BatchFilling(places, batch, overload, times, memory, deferral, engine, network_latency)
         self._notices: list[Notice] = []
         self._step_batch = (0, 0)
         """The batch the engine step runs and its KV tokens, for the step-time models (``applied``)."""

@@ -9,8 +9,6 @@ generations are suspended first when the next step's KV would not fit (core/admi
 
 from __future__ import annotations
 
-from collections import Counter
-
 from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral
 from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ProfiledTimes, SegmentTimes
@@ -23,8 +21,7 @@ from timely_llm.engines.base import Engine, KvView
 class BatchFilling:
     def __init__(self, places: RequestPlaces, batch: BatchController, overload: OverloadControl,
                  times: SegmentTimes | ProfiledTimes, memory: AminAdmission | KvAdmission,
-                 deferral: DeferredPrefill | NoDeferral, engine: Engine, network_latency: float,
-                 counters: Counter[str]) -> None:
+                 deferral: DeferredPrefill | NoDeferral, engine: Engine, network_latency: float) -> None:
         """``engine``: asked about KV memory only (what is free, what a context takes)."""
         self.places = places
         self.queue = places.queue
@@ -37,7 +34,7 @@ class BatchFilling:
         self.deferral = deferral
         self.engine = engine
         self.network_latency = network_latency
-        self.counters = counters
+        self.counters = places.counters
         self._kv_view: tuple[int, KvView] | None = None
         self._started: list[tuple[Request, int]] = []
 
