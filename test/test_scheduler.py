@@ -7,8 +7,8 @@ from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.places import Call
 from timely_llm.core.request import Request, Status
-from timely_llm.core.tuf import NORMAL_TUF, TUF
-from timely_llm.engines.base import StepOutput
+from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
+from timely_llm.engines.base import GenerationSpec, StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
 from timely_llm.plan.robot_file import load_skill_models
@@ -21,8 +21,9 @@ LATENCY = 0.008
 NO_PARTS = Features()
 
 
-def scheduler(policy: str = "timelyllm", features: Features = NO_PARTS) -> tuple[Scheduler, SimEngine]:
-    engine = SimEngine(load_profile("rtx4090-llama3-8b"))
+def scheduler(policy: str = "timelyllm", features: Features = NO_PARTS,
+              in_place: bool = False) -> tuple[Scheduler, SimEngine]:
+    engine = SimEngine(load_profile("rtx4090-llama3-8b"), suspends_in_place=in_place)
     return build_scheduler(ServerConfig(policy, LATENCY, features, max_batch=4), engine, SKILLS), engine
 
 
@@ -93,3 +94,55 @@ def test_the_unsegmented_baseline_never_parks() -> None:
     tokens = engine.tokenizer.encode_continuation("mf(50);")
     notices = sched.update_from_output(StepOutput(0.02, new_tokens={"a": tokens}), 0.02)
     assert [type(n) for n in notices] == [Dispatched] and r.status is Status.RUNNING and not sched.parked
+
+
+def full_batch(sched: Scheduler, engine: SimEngine, moves: dict[str, str]) -> dict[str, Request]:
+    """A batch at the cap (4), each generation running on after its first segment ``moves[rid]`` was dispatched:
+    its deadline is its robot's end of that move."""
+    batch = {rid: request(engine, rid, forced_ids=engine.tokenizer.encode_continuation(f"{move}tc(90);"))
+             for rid, move in moves.items()}
+    for r in batch.values():
+        sched.add(r)
+    out = sched.schedule(0.0)
+    for _, r in out.calls:  # the engine holds them, as the server would start them
+        engine.start(GenerationSpec(r.id, r.prompt_ids, [], r.max_new_tokens, r.forced_ids))
+    sched.applied(out)
+    tokens = {rid: engine.tokenizer.encode_continuation(move) for rid, move in moves.items()}
+    sched.update_from_output(StepOutput(0.02, new_tokens=tokens), 0.02)
+    out = sched.schedule(0.02)  # nobody else waits: every parked generation goes on
+    assert not out.calls and all(r.status is Status.RUNNING and r.seg_index == 1 for r in batch.values())
+    sched.applied(out)
+    return batch
+
+
+def test_at_the_cap_the_generation_with_the_most_slack_yields_its_slot_to_an_urgent_newcomer() -> None:
+    sched, engine = scheduler(in_place=True)
+    batch = full_batch(sched, engine, {"a": "mf(100);", "b": "mf(500);", "c": "mf(200);", "d": "tc(90);"})
+    latest = max(batch.values(), key=lambda r: r.dispatch_deadline(LATENCY))
+    urgent = request(engine, "urgent", URGENT_TUF)
+    sched.add(urgent)
+    out = sched.schedule(0.03)
+    assert out.calls == [(Call.SUSPEND, latest), (Call.START, urgent)]
+    assert latest.status is Status.SUSPENDED and latest.id in sched.queue and len(sched.running) == 4
+    assert sched.counters["slot_yields"] == 1
+
+
+def test_no_generation_yields_when_none_could_wait_for_the_newcomer_and_still_end_on_time() -> None:
+    sched, engine = scheduler(in_place=True)
+    batch = full_batch(sched, engine, {"a": "tc(1);", "b": "tc(2);", "c": "tc(3);", "d": "tc(5);"})
+    newcomer = request(engine, "newcomer", URGENT_TUF)
+    sched.add(newcomer)
+    now = 0.65  # each turn ends by 0.9 s: too soon for the newcomer's G (90 ms) and a worst case of 10 tokens
+    assert all(now + newcomer.robot.segment_generation_time + sched.batch.wcet(r, 4) > r.dispatch_deadline(LATENCY)
+               > newcomer.dispatch_deadline(LATENCY) for r in batch.values())
+    assert not sched.schedule(now).calls and newcomer.status is Status.WAITING
+    assert not sched.counters["slot_yields"]
+
+
+def test_no_generation_yields_in_the_vllm_baselines_nor_on_an_engine_that_would_prefill_its_resume() -> None:
+    for policy, in_place in (("vllm-stream", True), ("timelyllm", False)):
+        sched, engine = scheduler(policy, in_place=in_place)
+        full_batch(sched, engine, {"a": "mf(100);", "b": "mf(500);", "c": "mf(200);", "d": "tc(90);"})
+        urgent = request(engine, "urgent", URGENT_TUF)
+        sched.add(urgent)
+        assert not sched.schedule(0.03).calls and urgent.status is Status.WAITING, policy

@@ -187,7 +187,7 @@ class Scheduler:
             if gen_id in self.running:
                 self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
                 _record_resume_prefill(self.running[gen_id], info)
-            if gen_id in self.places.evicted:  # Amin's eviction costs what its resume prefills again
+            if gen_id in self.places.evicted:  # a mid-segment suspension costs what its resume prefills again
                 self.places.evicted.discard(gen_id)
                 self.counters["recomputed_tokens"] += info.context_tokens - info.cached_tokens
 

@@ -3,14 +3,18 @@ which are suspended, as far as the batch controller, KV memory, deferred prefill
 
 A parked generation (at a segment boundary, still in the engine) competes like any queued one: picked, it simply
 keeps running; passed over, it is suspended. It is suspended early when a more urgent generation needs the room
-or memory it holds. With Amin (``features.amin``) memory is counted by segment lower bounds, and running
-generations are suspended first when the next step's KV would not fit (core/admission.py).
+or memory it holds. At the batch cap, on an engine that suspends in place (embedded vLLM: the resume prefills
+nothing), a running generation in a later segment of its plan, its robot still acting on the one before, yields its
+slot to a newcomer (adaptive batch control) when it has the slack: due after the newcomer, it can wait for the
+newcomer's segment and still end its own by its deadline in the worst case. With Amin (``features.amin``) memory
+is counted by segment lower bounds, and running generations are suspended first when the next step's KV would
+not fit (core/admission.py).
 """
 
 from __future__ import annotations
 
 from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmission, NoDeferral
-from timely_llm.core.batch import BatchController
+from timely_llm.core.batch import BatchController, RunningBatch
 from timely_llm.core.estimator import ProfiledTimes, SegmentTimes
 from timely_llm.core.overload import OverloadControl
 from timely_llm.core.places import Call, RequestPlaces
@@ -37,11 +41,12 @@ class BatchFilling:
         self.counters = places.counters
         self._kv_view: tuple[int, KvView] | None = None
         self._started: list[tuple[Request, int]] = []
+        self._yielded: set[str] = set()
 
     def fill(self, now: float) -> list[tuple[Request, int]]:
         """The batch filled from the queue in priority order (engine calls in ``places.calls``); returns the
         generations (re)started or kept running, with their uncached context tokens."""
-        self._started, self._kv_view = [], None
+        self._started, self._kv_view, self._yielded = [], None, set()
         reserved = self._evict_on_overflow()
         self.times.join_running(self.running.values(), self.batch.max_batch)
         self.queue.token_time = self.times.token_time()
@@ -59,10 +64,13 @@ class BatchFilling:
             needed, free = self._memory(request, parked, reserved)
             if (not self.batch.admits(running, now, free, needed, request)
                     or self.overload.breaks_a_cutoff(request, now)):
-                if parked or not self.parked:
+                if self.parked and not parked:
+                    self._suspend_parked()  # they rank below this one: free what they hold and retry
+                    continue
+                smaller = None if parked else self._yield_slot(request, now, free, needed)
+                if smaller is None:
                     break
-                self._suspend_parked()  # they rank below this one: free what they hold and retry
-                continue
+                running = smaller
             reserved += needed
             self._admit(request, parked, now)
             running.add(request)
@@ -100,11 +108,44 @@ class BatchFilling:
         growth, reserve = self.memory.demand(self.running.values())
         if growth and growth > self._kv().free_blocks:
             for victim in self.memory.eviction_order(self.running.values(), self.network_latency):
-                self.places.evict(victim)
+                self.places.evict(victim, "amin_evictions")
                 growth, reserve = self.memory.demand(self.running.values())
                 if growth <= self._kv().free_blocks:
                     break
         return reserve
+
+    def _yield_slot(self, request: Request, now: float, free: int, needed: int) -> RunningBatch | None:
+        """Adaptive batch control at the batch cap, on an engine that suspends in place: the running generation that
+        can best wait gives ``request`` its slot, its KV kept; returns the batch without it, or None where no
+        generation can wait or ``request`` would still not be admitted."""
+        if (not self.batch.adaptive or not self.engine.suspends_in_place or self.batch.has_room(len(self.running))
+                or request.id in self._yielded or self.overload.breaks_a_cutoff(request, now)):
+            return None  # one that yielded here takes no other generation's slot at the same point
+        victim = self._most_slack(request, now)
+        if victim is None:
+            return None
+        rest = self.batch.ordered(r for r in self.running.values() if r is not victim)
+        if not self.batch.admits(rest, now, free, needed, request):
+            return None
+        self.places.evict(victim, "slot_yields")
+        self._yielded.add(victim.id)
+        return rest
+
+    def _most_slack(self, request: Request, now: float) -> Request | None:
+        """The running generation with the latest deadline among those in a later segment (their first one, the
+        response, is not delayed), due after ``request``, that, waiting for ``request``'s segment (its G(s)) and then
+        taking their worst case, still end their segment on time; none (re)started at this scheduling point."""
+        batch = len(self.running)
+        wait = self.times.gen_time(request, self.times.uncached_tokens(request), batch)
+        due = request.dispatch_deadline(self.network_latency)
+        started = {r.id for r, _ in self._started}
+        best, latest = None, due
+        for r in self.running.values():
+            deadline = r.dispatch_deadline(self.network_latency)
+            if (deadline > latest and r.seg_index > 0 and r.id not in started
+                    and deadline - now - self.batch.wcet(r, batch) >= wait):
+                best, latest = r, deadline
+        return best
 
     def _defers(self, request: Request, now: float) -> bool:
         """Deferred prefill: hold this generation's (re)start back, unless waiting one more step

@@ -34,7 +34,7 @@ class RequestPlaces:
         self.blocked: dict[str, Request] = {}
         """Generations waiting for the value of the blocking call their last segment ended with."""
         self.evicted: set[str] = set()
-        """Generations Amin suspended whose resume prefill is still to count as recomputed."""
+        """Generations suspended mid-segment whose resume prefill is still to count as recomputed."""
         self.calls: list[tuple[Call, Request]] = []
         """The engine calls the transitions made since the server last took them (``take_calls``), in order."""
         self._blocking: dict[str, Request] = {}
@@ -79,14 +79,15 @@ class RequestPlaces:
         request.seg_gen_start = None
         self.queue.update(request)  # with TimeBill its G(s) now includes the resume prefill
 
-    def evict(self, request: Request) -> None:
-        """RUNNING -> SUSPENDED: Amin frees KV memory mid-segment; queued again, its token ids kept
-        (the segment goes on from there when it is resumed)."""
+    def evict(self, request: Request, counter: str) -> None:
+        """RUNNING -> SUSPENDED mid-segment: Amin frees KV memory, or the generation yields its batch slot to a
+        more urgent one; queued again, its token ids kept (the segment goes on from there when it is resumed).
+        ``counter``: the event counted."""
         request.advance(Status.SUSPENDED)
         del self.running[request.id]
         self.calls.append((Call.SUSPEND, request))
         self.queue.push(request)
-        self.counters["amin_evictions"] += 1
+        self.counters[counter] += 1
         self.evicted.add(request.id)
 
     def block(self, request: Request) -> None:

@@ -7,8 +7,8 @@ refuses any move not drawn here::
                     admit                   the engine finished the plan
         submit ──► WAITING ───► RUNNING ──────────────────────────────► GENERATED
                                  │  ▲  ▲ │                                     │
-              segment dispatched │  │  │ │ evicted on KV overflow              │ the robot reported
-              (segmented policy) │  │  │ │ (Amin; engine.suspend)              │ every segment done
+              segment dispatched │  │  │ │ evicted on KV overflow (Amin) or    │ the robot reported
+              (segmented policy) │  │  │ │ yields its slot (engine.suspend)    │ every segment done
                                  │  │  │ └──────────────────┐                  │
                                  │  │  │ resumed            │                  │
                                  │  │  │ (engine.start)     │                  │
