@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -23,6 +24,7 @@ from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected, RunIncomplete
 from timely_llm.evaluation.harness import run_bench
+from timely_llm.executors.base import SegmentResult
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.robots.fleet import cut, fleet_agents, fleet_result, run_fleet, server_node
 from timely_llm.robots.robot_client import (
@@ -236,6 +238,26 @@ def test_a_silent_robot_is_aborted_by_the_watchdog_and_others_succeed(session: t
         results = [o.wait(RESULT_TIMEOUT_S) for o in others]
     assert muted.status == "aborted" and "did not report segment 0" in muted.result.reason
     assert [r.status for r in results] == ["succeeded"] * 3
+
+
+def test_close_returns_once_the_segment_being_executed_has_ended(session: tuple, robots: Callable) -> None:
+    """No thread of the robot runs on after ``close``: one left running the robot, or waiting inside rclpy, when
+    the process exits can abort it (``terminate called without an active exception``)."""
+    started, release, ended = threading.Event(), threading.Event(), []
+
+    def runner(segment: SegmentMsg, label: str) -> SegmentResult:
+        started.set()
+        release.wait(RESULT_TIMEOUT_S)
+        ended.append(segment.index)
+        return SegmentResult(True, "", 0.0)
+
+    robot = robots("d1", runner=runner)
+    with server_node(session[1], session[0]):
+        ask(robot, 2)
+        assert started.wait(RESULT_TIMEOUT_S)
+        threading.Timer(0.2, release.set).start()  # the segment ends after close() is called
+        robot.close()
+        assert ended == [0]
 
 
 STATUS_PERIOD_S = 0.2

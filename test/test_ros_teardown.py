@@ -1,12 +1,19 @@
-"""An entity destroyed while the executor spins: its work is void, the spinning goes on for the rest."""
+"""An entity destroyed while the executor spins: its work is void, the spinning goes on for the rest; the end of a
+``spinning`` block."""
 
 from __future__ import annotations
 
 import threading
+import time
 
+import rclpy
 from guards import wait_until
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.context import Context
 from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
+
+from timely_llm.ros.node import spinning
 
 
 def test_spinning_goes_on_after_a_task_meets_a_destroyed_entity(session: tuple) -> None:
@@ -30,3 +37,26 @@ def test_spinning_goes_on_after_a_task_meets_a_destroyed_entity(session: tuple) 
     finally:
         executor.remove_node(node)
         node.destroy_node()
+
+
+def test_leaving_spinning_waits_for_the_callbacks_still_running(ros_domain: int) -> None:
+    """Jazzy's executor.shutdown() does not wait for them, and destroys the guard condition they trigger."""
+    context = Context()
+    rclpy.init(context=context, domain_id=ros_domain)
+    started, ended = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.5)
+        ended.set()
+
+    try:
+        node = Node("teardown", context=context)
+        with spinning(context, threads=2) as executor:
+            executor.add_node(node)
+            node.create_timer(0.01, slow, callback_group=ReentrantCallbackGroup())
+            assert started.wait(10.0)
+        assert ended.is_set()
+        node.destroy_node()
+    finally:
+        rclpy.try_shutdown(context=context)

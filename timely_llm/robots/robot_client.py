@@ -226,9 +226,12 @@ class RobotClient:
         self.link.action.cancel_goal_async(outcome.goal_handle)
 
     def close(self) -> None:
-        """Stop executing; a segment already running finishes unreported."""
+        """Stop executing; a segment already running finishes unreported, and this returns once it has: no thread
+        of the robot's runs on, driving the robot or inside a library while the process exits."""
         self._stopping.set()
         self._work.put(None)
+        if threading.current_thread() is not self._worker:  # a runner may close its own robot
+            self._worker.join()
         self.link.node.destroy_publisher(self.done_pub)
 
     def _on_response(self, outcome: TaskOutcome, goal_handle) -> None:  # noqa: ANN001 - ClientGoalHandle

@@ -89,6 +89,8 @@ run in threads of their own), and Jazzy's MultiThreadedExecutor costs several ti
 its own bookkeeping (README, "The loop's own cost")."""
 SPIN_WAKE_S = 0.1
 """The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
+HANDLERS_WAIT_S = 2.0
+"""How long the end of a ``spinning`` block waits for the callbacks its executor's threads are still running."""
 SHUTDOWN_TIMEOUT_S = 1.5
 """Shutdown waits at most this long for the results of the goals it aborts to be handed to rclpy ..."""
 RESULT_FLUSH_S = 0.3
@@ -453,7 +455,21 @@ def spinning(context: Context | None = None, threads: int = EXECUTOR_THREADS) ->
     finally:
         stop.set()
         spinner.join()  # before the shutdown: see spin
+        await_handlers(executor, HANDLERS_WAIT_S)
         executor.shutdown()
+
+
+def await_handlers(executor: rclpy.executors.Executor, timeout_s: float) -> None:
+    """Wait, at most ``timeout_s``, for the callbacks a MultiThreadedExecutor has handed to its threads.
+
+    Each one triggers the executor's guard condition, which Jazzy's ``shutdown()`` destroys without waiting
+    for them (the wait its docstring promises is skipped): the callback then fails with InvalidHandle, and
+    rclpy prints "The following exception was never retrieved" when its task is collected.
+    """
+    deadline = time.monotonic() + timeout_s
+    for task in list(getattr(executor, "_futures", ())):
+        while not task.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
 
 def main(args: list[str] | None = None) -> int:
