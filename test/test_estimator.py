@@ -43,8 +43,8 @@ def test_least_squares_fit_recovers_known_coefficients():
     truth = ExecutionTimeEstimator(a=3e-9, b=8e-5, c=0.02, s=5e-4, p=2e-7, stall=0.004)
     prefills = [n for n in (32, 128, 512, 1024, 2048)]
     decodes = [(b, ctx) for b in (1, 2, 8, 16) for ctx in (200, 900)]
-    samples = [([(n, n)], [], truth.prefill_time(n)) for n in prefills]
-    samples += [([], [ctx] * b, truth.decode_step(b, b * ctx)) for b, ctx in decodes]
+    samples = [([(n, n)], [], 0, truth.prefill_time(n)) for n in prefills]
+    samples += [([], [ctx] * b, 0, truth.decode_step(b, b * ctx)) for b, ctx in decodes]
     fitted = ExecutionTimeEstimator.from_profile(fit_profile(samples, "fit", PROFILE.memory, 4096))
     for name in ("a", "b", "c", "s", "p", "stall"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-4), name

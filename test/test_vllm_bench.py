@@ -58,14 +58,21 @@ def test_isolated_needs_the_simulator(engine):
 
 
 def test_profile_fit_recovers_a_known_model_and_runs_on_vllm(engine):
-    truth = load_profile("rtx4090-llama3-8b")
-    shapes = [([(n, n)], []) for n in (64, 256, 1024, 2048)] + [([], [c] * b) for b in (1, 4, 16) for c in (300, 900)]
-    samples = [(p, d, truth.step_time(p, d)) for p, d in shapes]
+    shipped = load_profile("rtx4090-llama3-8b")
+    truth = replace(shipped, step=shipped.step | {"per_kv_reread": shipped.step["per_kv_token"] / 4})
+    shapes = [([(n, n)], [], 0) for n in (64, 256, 1024, 2048)] + [([(16, 900)], [], 0), ([(64, 300)], [], 0)]
+    shapes += [([], [c] * b, shared * (b - 1)) for b in (1, 4, 16) for c in (300, 900) for shared in (0, c - 100)]
+    samples = [(p, d, r, truth.step_time(p, d, r)) for p, d, r in shapes]
     fitted = fit_profile(samples, "fit", truth.memory, truth.max_model_len)
-    for p, d, t in samples:
-        assert fitted.step_time(p, d) == pytest.approx(t, rel=1e-6)
+    assert fitted.step == pytest.approx(truth.step, rel=1e-6)
+    unshared = fit_profile([s for s in samples if not s[2]], "fit", truth.memory, truth.max_model_len)
+    assert unshared.step["per_kv_reread"] == unshared.step["per_kv_token"] == pytest.approx(truth.step["per_kv_token"])
     measured = measure_steps(engine, [128, 512], [1, 4], decode_steps=3)
-    assert len(measured) == 2 + 2 * 3 and all(t > 0 for _, _, t in measured)
+    # 2 fresh prefills; the context cached and 2 prefills on it; batch 1, batch 4 alone and sharing all but 64 tokens
+    assert len(measured) == 2 + 3 + 3 * 3 and all(t > 0 for *_, t in measured)
+    shared = 192 // engine.block_size * engine.block_size
+    assert {r for _, d, r, _ in measured if len(d) == 4} == {0, 3 * shared}
+    assert [p for p, d, _, _ in measured if p and p[0][0] < p[0][1]] == [[(16, 272)], [(64, 320)]]
     real = fit_profile(measured, "tiny-cpu", truth.memory, 2048)
     assert all(v >= 0 for v in real.step.values()) and real.step_time([(512, 512)], []) > 0
 

@@ -10,6 +10,7 @@ recomputed later, as vLLM does.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
@@ -159,6 +160,7 @@ class SimEngine(Engine):
         out = StepOutput(duration=0.0)
         prefills: list[tuple[int, int]] = []
         decode_contexts: list[int] = []
+        decoding: list[str] = []
         scheduled: list[_Generation] = []
         preempted: dict[str, None] = {}  # in preemption order
         for gen_id in self._resumed:
@@ -188,13 +190,22 @@ class SimEngine(Engine):
                 continue
             else:
                 decode_contexts.append(len(gen.context))
+                decoding.append(gen.spec.gen_id)
             scheduled.append(gen)
         out.preempted = list(preempted)
         if scheduled:
-            out.duration = self.profile.step_time(prefills, decode_contexts)
+            out.duration = self.profile.step_time(prefills, decode_contexts, self._reread(decoding))
         for gen in scheduled:
             self._emit_token(gen, out)
         return out
+
+    def _reread(self, decoding: list[str]) -> int:
+        """Context tokens of ``decoding`` in blocks another of them holds too (only where the profile prices them
+        apart: counting costs a pass over every block table)."""
+        if not self.profile.reads_shared_kv_once or len(decoding) < 2:
+            return 0
+        holders = Counter(block for gen_id in decoding for block in self.blocks.tables[gen_id])
+        return sum(n - 1 for n in holders.values()) * self.block_size
 
     def _prefill(self, gen: _Generation) -> ResumeInfo | None:
         context = gen.context

@@ -12,12 +12,20 @@ import numpy as np
 from timely_llm.engines.base import Engine, GenerationSpec
 from timely_llm.engines.hardware import MEMORY_TERMS, STEP_TERMS, HardwareProfile
 
-Sample = tuple[list[tuple[int, int]], list[int], float]
+Sample = tuple[list[tuple[int, int]], list[int], int, float]
+"""A measured step: (prefills as (new tokens, context), decode contexts, decode context tokens reread from blocks
+another decoding generation holds too, seconds)."""
+
+VOCAB_FLOOR = 10
+CACHED_PREFILLS = (16, 64)
+"""New tokens of the prefills measured on top of a cached prefix (a robot's task after its cached prompt)."""
 
 
 def measure_steps(engine: Engine, prefill_lengths: list[int], batch_sizes: list[int], decode_steps: int = 6,
                   contexts: tuple[int, ...] = (256,)) -> list[Sample]:
-    """(prefills, decode contexts, seconds) for each measured step.
+    """The measured steps: prefills of ``prefill_lengths`` fresh tokens, prefills of ``CACHED_PREFILLS`` new
+    tokens after each of ``contexts`` cached, and decode steps at each batch size and context, once with
+    prompts of their own and once sharing all but their last 64 tokens (a fleet's robot prompt).
 
     Decode steps are timed once every generation of the batch has its first token: a batch's
     prefill can take several steps (vLLM's chunked prefill caps the tokens of a step), and a step
@@ -25,28 +33,45 @@ def measure_steps(engine: Engine, prefill_lengths: list[int], batch_sizes: list[
     is left out.
     """
     samples: list[Sample] = []
-    vocab_floor = 10
     for i, n in enumerate(prefill_lengths):
-        prompt = [vocab_floor + (i * 7919 + k) % 500 for k in range(n)]  # unique: no cache hits
-        gen = f"prefill-{i}"
-        engine.start(GenerationSpec(gen, prompt, max_new_tokens=1, forced_ids=[vocab_floor]))
-        out = engine.step()
-        samples.append(([(n, n)], [], out.duration))
-        engine.release(gen)
+        samples.append(_prefill_sample(engine, f"prefill-{i}", _tokens(i * 7919, n), 0))
     for context in contexts:
+        prefix = _tokens(context * 3, _whole_blocks(engine, context))
+        samples.append(_prefill_sample(engine, f"warm-{context}", prefix, 0))  # cached from here on
+        for n in CACHED_PREFILLS:
+            samples.append(_prefill_sample(engine, f"cached-{context}-{n}", prefix + _tokens(n * 31, n), len(prefix)))
         for b in batch_sizes:
             if b * engine.blocks_for(context + decode_steps + 2) > engine.free_kv_blocks():
                 continue
-            samples += _decode_samples(engine, b, context, decode_steps, vocab_floor)
+            samples += _decode_samples(engine, b, context, decode_steps, shared=0)
+            if b > 1:
+                samples += _decode_samples(engine, b, context, decode_steps, shared=_whole_blocks(engine, context - 64))
     return samples
 
 
-def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int, vocab_floor: int) -> list[Sample]:
-    gens = [f"decode-{batch}-{context}-{j}" for j in range(batch)]
+def _tokens(seed: int, n: int) -> list[int]:
+    return [VOCAB_FLOOR + (seed + k) % 500 for k in range(n)]
+
+
+def _whole_blocks(engine: Engine, tokens: int) -> int:
+    return max(tokens // engine.block_size, 1) * engine.block_size
+
+
+def _prefill_sample(engine: Engine, gen: str, prompt: list[int], cached: int) -> Sample:
+    engine.start(GenerationSpec(gen, prompt, max_new_tokens=1, forced_ids=[VOCAB_FLOOR]))
+    out = engine.step()
+    engine.release(gen)
+    return [(len(prompt) - cached, len(prompt))], [], 0, out.duration
+
+
+def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int, shared: int) -> list[Sample]:
+    """Decode steps of ``batch`` generations of ``context`` prompt tokens, the first ``shared`` the same for all."""
+    gens = [f"decode-{batch}-{context}-{shared}-{j}" for j in range(batch)]
     budget = decode_steps + 64  # the prefill steps give tokens too
+    common = _tokens(batch * 131 + context, shared)
     for j, gen in enumerate(gens):
-        prompt = [vocab_floor + (batch * 131 + j * 17 + context + k) % 500 for k in range(context)]
-        engine.start(GenerationSpec(gen, prompt, max_new_tokens=budget, forced_ids=[vocab_floor] * budget))
+        prompt = common + _tokens(batch * 131 + j * 17 + context + 1, context - shared)
+        engine.start(GenerationSpec(gen, prompt, max_new_tokens=budget, forced_ids=[VOCAB_FLOOR] * budget))
     produced = {gen: 0 for gen in gens}
     while min(produced.values()) == 0:  # the batch's prefill
         for gen, ids in engine.step().new_tokens.items():
@@ -56,23 +81,27 @@ def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int,
         out = engine.step()
         for gen, ids in out.new_tokens.items():
             produced[gen] += len(ids)
-        samples.append(([], [context + produced[g] for g in gens], out.duration))
+        samples.append(([], [context + produced[g] for g in gens], (batch - 1) * shared, out.duration))
     for gen in gens:
         engine.release(gen)
     return samples
 
 
 def fit_profile(samples: list[Sample], name: str, memory: dict[str, float], max_model_len: int) -> HardwareProfile:
-    rows = [_features(prefills, decodes) for prefills, decodes, _ in samples]
-    times = np.array([t for _, _, t in samples])
-    coef = _nnls(np.array(rows), times)
-    return HardwareProfile(name, dict(zip(STEP_TERMS, map(float, coef), strict=True)),
-                           {k: float(memory[k]) for k in MEMORY_TERMS}, max_model_len)
+    """Without a step that rereads shared KV the fit cannot tell ``per_kv_reread``: it is ``per_kv_token``."""
+    rows = np.array([_features(prefills, decodes, reread) for prefills, decodes, reread, _ in samples])
+    times = np.array([t for *_, t in samples])
+    rereads = bool(rows[:, -1].any())
+    coef = _nnls(rows if rereads else rows[:, :-1], times)
+    step = dict(zip(STEP_TERMS, map(float, coef), strict=False))
+    step.setdefault("per_kv_reread", step["per_kv_token"])
+    return HardwareProfile(name, step, {k: float(memory[k]) for k in MEMORY_TERMS}, max_model_len)
 
 
-def _features(prefills: list[tuple[int, int]], decodes: list[int]) -> list[float]:
-    return [1.0, sum(n for n, _ in prefills), sum(n * c for n, c in prefills), len(decodes), sum(decodes),
-            1.0 if prefills else 0.0]
+def _features(prefills: list[tuple[int, int]], decodes: list[int], reread: int) -> list[float]:
+    """The step's quantities in ``STEP_TERMS`` order."""
+    return [1.0, sum(n for n, _ in prefills), sum(n * c for n, c in prefills), len(decodes), sum(decodes) - reread,
+            1.0 if prefills else 0.0, float(reread)]
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, iterations: int = 50) -> np.ndarray:
