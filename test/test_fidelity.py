@@ -86,6 +86,7 @@ def test_the_cpu_profile_simulates_smollm2s_token_counts_and_vllm_cpus_blocks() 
     from transformers import AutoTokenizer
 
     from timely_llm.engines.sim import SimEngine
+    from timely_llm.engines.vllm_engine import CPU_BLOCK_SIZE
     from timely_llm.models import resolve_model
 
     catalog = load_catalog()
@@ -95,7 +96,7 @@ def test_the_cpu_profile_simulates_smollm2s_token_counts_and_vllm_cpus_blocks() 
         prompt = catalog.prompt_text(catalog[trace].robot, catalog[trace].prompt)
         assert engine.tokenizer.encode(prompt) == hf.encode(prompt)
         assert engine.tokenizer.decode(engine.tokenizer.encode(catalog[trace].plan)) == catalog[trace].plan
-    assert engine.block_size == 128
+    assert engine.block_size == CPU_BLOCK_SIZE
 
 
 def test_a_profile_naming_an_unknown_tokenizer_is_refused(tmp_path) -> None:

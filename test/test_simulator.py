@@ -41,6 +41,28 @@ def test_the_h100_profile_gives_the_steps_measured_on_an_h100():
             assert h100.step_time([(step["tokens"], step["tokens"])], []) == pytest.approx(step["seconds"], rel=0.15)
 
 
+def _decode_step(profile, prompts):
+    """The duration of the first step after ``prompts``' prefills."""
+    engine = SimEngine(profile)
+    for i, prompt in enumerate(prompts):
+        engine.start(GenerationSpec(f"g{i}", prompt, forced_ids=[5] * 4))
+    engine.step()
+    return engine.step().duration
+
+
+def test_decoding_generations_read_the_kv_blocks_they_share_once_where_the_profile_prices_that():
+    cpu = load_profile("cpu-2core-smollm2-135m")
+    assert cpu.reads_shared_kv_once and not PROFILE.reads_shared_kv_once  # the GPU file leaves the term out
+    prefix = cpu.block_tokens * 10
+    shared = [list(range(1000, 1000 + prefix)) + [i] * 5 for i in range(3)]
+    apart = [list(range(5000 * i, 5000 * i + prefix + 5)) for i in range(3)]
+    contexts = [prefix + 6] * 3  # the prompt and the token the prefill step gave
+    assert _decode_step(cpu, shared) == pytest.approx(cpu.step_time([], contexts, 2 * prefix))
+    assert _decode_step(cpu, apart) == pytest.approx(cpu.step_time([], contexts))
+    assert _decode_step(cpu, shared) < _decode_step(cpu, apart)
+    assert _decode_step(PROFILE, shared) == pytest.approx(_decode_step(PROFILE, apart))
+
+
 @pytest.mark.parametrize("policy", BENCH_POLICIES)
 def test_every_request_completes_and_obeys_definitions(policy):
     workload = small_workload()
@@ -128,8 +150,8 @@ def test_a_resume_with_an_observation_prefills_only_it_where_the_kv_was_kept(in_
     info = step.started["g"]
     prefilled = info.context_tokens - info.cached_tokens
     assert info.context_tokens == 307 and step.new_tokens["g"] == [plan[4]]
-    # in place: the call's last token and the observation; dropped: all past the last full block (128 tokens)
-    assert prefilled == (4 if in_place else 307 - 256)
+    # in place: the call's last token and the observation; dropped: all past the last full block written before
+    assert prefilled == (4 if in_place else 307 - 303 // engine.block_size * engine.block_size)
     assert step.duration == engine.profile.step_time([(prefilled, 307)], [])
 
 
@@ -139,10 +161,11 @@ def test_a_resume_whose_observation_fills_a_block_is_no_eviction():
     engine.start(GenerationSpec("g", prompt, forced_ids=plan))
     for _ in range(4):
         engine.step()
-    engine.suspend("g")  # KV written for 253 tokens: one full 128-token block
+    engine.suspend("g")  # KV written for 253 tokens, the last block not full
     engine.start(GenerationSpec("g", prompt, plan[:4] + [7, 8, 9], forced_ids=plan, observed=((4, 7),)))
     info = engine.step().started["g"]
-    assert (info.context_tokens, info.cached_tokens, info.evicted) == (257, 128, False)
+    written = 253 // engine.block_size * engine.block_size
+    assert (info.context_tokens, info.cached_tokens, info.evicted) == (257, written, False)
     engine.suspend("g")  # now with the observation's KV written: its block is cached too
     engine.start(GenerationSpec("g", prompt, plan[:4] + [7, 8, 9, plan[4]], forced_ids=plan, observed=((4, 7),)))
     info = engine.step().started["g"]

@@ -12,7 +12,7 @@ PLAN = "s('cat');?iv('cat')==True{g('cat');tp};tc(90);mf(100);"
 
 
 def test_vllm_recompute_preemptions_are_reported() -> None:
-    # A cache of 16 blocks of 128 tokens: 8 generations growing to 400 tokens outgrow it,
+    # A cache of 2 MiB: 8 generations growing to 400 tokens outgrow it,
     # so vLLM preempts some and recomputes them later.
     engine = VllmEngine(max_model_len=1024, kv_cache_gib=0.002, max_batch=8)
     try:

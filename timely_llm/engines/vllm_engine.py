@@ -44,6 +44,11 @@ from timely_llm.engines.vllm_requests import Generation, VllmRequests
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
+CPU_BLOCK_SIZE = 32
+"""KV block size on vLLM's CPU build unless a ``block_size`` engine argument says otherwise (vLLM's own default
+there is 128, and 32 is the smallest it runs at full speed). The prefix cache hits whole blocks only: with 128 a
+robot's task text after its cached robot prompt (20-70 tokens on SmolLM2) was prefilled at every start, even of a
+task seen before, and each start cost a step 50 ms (docs/simulator.md, Fidelity)."""
 PAUSED_SLOTS = 64
 """vLLM request slots beyond a given ``max_batch``, held by requests paused in place (they compute nothing).
 With none to spare, every newcomer at a full capped batch aborted a paused request and its resume prefilled again:
@@ -266,7 +271,7 @@ def _create_engine(model: str | Path | None, kv_cache_gib: float | None, kv_offl
     # of another interface and rejects ForcedTokensProcessor; CPU runs V1 anyway.
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     args = EngineArgs(
-        **(_model_args(model) | engine_args | slots),
+        **(_model_args(model) | _cpu_block_args() | engine_args | slots),
         kv_cache_memory_bytes=int(kv_cache_gib * GIB) if kv_cache_gib else None,
         enable_prefix_caching=True,
         async_scheduling=False,
@@ -289,6 +294,10 @@ def _model_args(model: str | Path | None) -> dict[str, Any]:
     """What vLLM loads and, for the shipped models, their dtype (a ``dtype`` engine argument wins)."""
     path, dtype = resolve_model("tiny" if model is None else model)
     return {"model": path} | ({"dtype": dtype} if dtype else {})
+
+
+def _cpu_block_args() -> dict[str, Any]:
+    return {"block_size": CPU_BLOCK_SIZE} if current_platform.is_cpu() else {}
 
 
 def _offloading_args(gib: float | None) -> dict[str, Any]:
