@@ -103,7 +103,7 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=_positive_int, default=64,
                    help="batch cap on both sides: vllm serve's --max-num-seqs, the node's max_batch (default 64)")
     p.add_argument("--block-size", type=_positive_int, default=None,
-                   help="KV block size in tokens on both sides (default: vLLM's, 128 on the CPU)")
+                   help="KV block size in tokens on both sides (default: the embedded engine's, 32 on a CPU)")
     p.add_argument("--reserved-cpus", type=_nonneg_int, default=None,
                    help="VLLM_CPU_NUM_OF_RESERVED_CPU for vllm serve (0: its worker gets every core, as ours does; "
                         "default: vLLM's own, which keeps one core for the API server)")

@@ -296,8 +296,15 @@ def _model_args(model: str | Path | None) -> dict[str, Any]:
     return {"model": path} | ({"dtype": dtype} if dtype else {})
 
 
+def default_block_size() -> int | None:
+    """The KV block size where no ``block_size`` engine argument is given: ``CPU_BLOCK_SIZE`` on vLLM's CPU build,
+    else None (vLLM's own)."""
+    return CPU_BLOCK_SIZE if current_platform.is_cpu() else None
+
+
 def _cpu_block_args() -> dict[str, Any]:
-    return {"block_size": CPU_BLOCK_SIZE} if current_platform.is_cpu() else {}
+    size = default_block_size()
+    return {"block_size": size} if size else {}
 
 
 def _offloading_args(gib: float | None) -> dict[str, Any]:
