@@ -212,3 +212,15 @@ def test_saved_runs_print_the_machines_load_and_refuse_a_verdict_when_it_differs
     assert main(["peer-bench", "--from", str(saved)]) == 0
     assert "peer-light: no verdict: other processes kept 1.10 cores busy during node timelyllm's run" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("given", [None, 64])
+def test_both_sides_get_the_embedded_engines_block_size_unless_one_is_given(tmp_path, given) -> None:
+    from timely_llm.cli import build_parser
+    from timely_llm.cli.engine import _peer_bench_of
+    from timely_llm.engines.vllm_engine import CPU_BLOCK_SIZE, default_block_size
+
+    assert default_block_size() == CPU_BLOCK_SIZE  # this suite runs on vLLM's CPU build
+    argv = ["peer-bench", "--out", str(tmp_path / "peer.json")] + (["--block-size", str(given)] if given else [])
+    bench = _peer_bench_of(build_parser().parse_args(argv))
+    assert bench.engine.block_size == (given or CPU_BLOCK_SIZE)

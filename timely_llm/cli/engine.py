@@ -147,6 +147,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
 
 
 def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
+    from timely_llm.engines.vllm_engine import default_block_size
     from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench
     from timely_llm.models import resolve_model
     from timely_llm.plan.robot_file import load_skill_models
@@ -156,7 +157,8 @@ def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
     catalog = load_catalog()
     path, dtype = resolve_model(args.model)
     engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
-                          max_batch=args.max_batch, max_tokens=args.max_tokens, block_size=args.block_size)
+                          max_batch=args.max_batch, max_tokens=args.max_tokens,
+                          block_size=args.block_size or default_block_size())  # both sides alike
     workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
     if args.first:
         workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]

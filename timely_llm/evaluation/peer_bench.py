@@ -68,8 +68,8 @@ class EngineConfig:
     max_tokens: int = 48
     seed: int = 0
     block_size: int | None = None
-    """KV block size in tokens; None: the embedded engine's default (``vllm_engine.default_block_size``: 32 on a
-    CPU), on both sides."""
+    """KV block size in tokens; None: each side's own default (``vllm serve``: vLLM's, 128 on a CPU; the embedded
+    engine: ``vllm_engine.default_block_size``, 32 on a CPU). ``peer-bench`` gives both the embedded engine's."""
 
 
 @dataclass
@@ -134,11 +134,8 @@ class ServeProcess:
                 "--disable-uvicorn-access-log"]
         if engine.dtype:
             args += ["--dtype", engine.dtype]
-        from timely_llm.engines.vllm_engine import default_block_size
-
-        block_size = engine.block_size or default_block_size()  # the embedded engine's, for a like comparison
-        if block_size:
-            args += ["--block-size", str(block_size)]
+        if engine.block_size:
+            args += ["--block-size", str(engine.block_size)]
         if priority:
             args += ["--scheduling-policy", "priority"]
         env = dict(os.environ, HF_HUB_OFFLINE="1")
