@@ -53,7 +53,7 @@ def test_segmented_equals_straight_and_resumes_in_place(engine: VllmEngine) -> N
 
 def test_vllm_recompute_preemptions_are_reported(engine: VllmEngine) -> None:
     prompt = engine.tokenizer.encode("Plan for the drone: find a cat, go to it and take a picture.")
-    plan = engine.tokenizer.encode(PLAN * 20)[1:][: 700 - len(prompt)]  # forced: no early EOS
+    plan = engine.tokenizer.encode(PLAN * 40)[1:][: 700 - len(prompt)]  # forced: no early EOS
     count = engine.max_batch
     assert count * engine.blocks_for(len(prompt) + len(plan)) > engine.free_kv_blocks()
     for i in range(count):
