@@ -224,9 +224,8 @@ def test_get_state_answers_while_vllm_loads_and_a_bad_model_leaves_the_node_aliv
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             asked = time.monotonic()
             future = get_state.call_async(GetState.Request())
-            while not future.done():
-                assert time.monotonic() < asked + 30.0, (answers, log.read_text()[-4000:])
-                time.sleep(0.01)
+            wait_until(future.done, 30.0,
+                       lambda: f"get_state after {answers}; the node's log: {log.read_text()[-4000:]}")
             answers.append((future.result().current_state.label, time.monotonic() - asked))
             time.sleep(0.5)
     loading = [seconds for label, seconds in answers if label == "configuring"]
