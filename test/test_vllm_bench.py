@@ -11,7 +11,7 @@ from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.vllm_engine import VllmEngine
 from timely_llm.evaluation.harness import EngineSetup, run_bench
-from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
+from timely_llm.evaluation.profile_fit import BURST_STARTS, fit_profile, measure_steps
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, generate
 from timely_llm.workloads.traces import load_catalog
@@ -68,11 +68,13 @@ def test_profile_fit_recovers_a_known_model_and_runs_on_vllm(engine):
     unshared = fit_profile([s for s in samples if not s[2]], "fit", truth.memory, truth.max_model_len)
     assert unshared.step["per_kv_reread"] == unshared.step["per_kv_token"] == pytest.approx(truth.step["per_kv_token"])
     measured = measure_steps(engine, [128, 512], [1, 4], decode_steps=3)
-    # 2 fresh prefills; the context cached and 2 prefills on it; batch 1, batch 4 alone and sharing all but 64 tokens
-    assert len(measured) == 2 + 3 + 3 * 3 and all(t > 0 for *_, t in measured)
+    # 2 fresh prefills; the context cached and 2 prefills on it alone and 2 of 4 at once; batch 1, batch 4 alone and
+    # sharing all but 64 tokens
+    assert len(measured) == 2 + 5 + 3 * 3 and all(t > 0 for *_, t in measured)
     shared = 192 // engine.block_size * engine.block_size
     assert {r for _, d, r, _ in measured if len(d) == 4} == {0, 3 * shared}
-    assert [p for p, d, _, _ in measured if p and p[0][0] < p[0][1]] == [[(16, 272)], [(64, 320)]]
+    assert [p for p, d, _, _ in measured if p and p[0][0] < p[0][1]] == [
+        [(16, 272)], [(64, 320)], [(16, 272)] * BURST_STARTS, [(64, 320)] * BURST_STARTS]
     real = fit_profile(measured, "tiny-cpu", truth.memory, 2048)
     assert all(v >= 0 for v in real.step.values()) and real.step_time([(512, 512)], []) > 0
 

@@ -19,13 +19,18 @@ another decoding generation holds too, seconds)."""
 VOCAB_FLOOR = 10
 CACHED_PREFILLS = (16, 64)
 """New tokens of the prefills measured on top of a cached prefix (a robot's task after its cached prompt)."""
+BURST_STARTS = 4
+"""Generations started together in a measured step, each with the ``CACHED_PREFILLS`` new tokens after the same cached
+prefix: a burst of robots' tasks, the steps an urgent robot's first action waits on, weighed in the fit beside the
+long fresh prefills."""
 
 
 def measure_steps(engine: Engine, prefill_lengths: list[int], batch_sizes: list[int], decode_steps: int = 6,
                   contexts: tuple[int, ...] = (256,)) -> list[Sample]:
     """The measured steps: prefills of ``prefill_lengths`` fresh tokens, prefills of ``CACHED_PREFILLS`` new
-    tokens after each of ``contexts`` cached, and decode steps at each batch size and context, once with
-    prompts of their own and once sharing all but their last 64 tokens (a fleet's robot prompt).
+    tokens after each of ``contexts`` cached, alone and ``BURST_STARTS`` at once, and decode steps at each batch
+    size and context, once with prompts of their own and once sharing all but their last 64 tokens (a fleet's
+    robot prompt).
 
     Decode steps are timed once every generation of the batch has its first token: a batch's
     prefill can take several steps (vLLM's chunked prefill caps the tokens of a step), and a step
@@ -34,12 +39,15 @@ def measure_steps(engine: Engine, prefill_lengths: list[int], batch_sizes: list[
     """
     samples: list[Sample] = []
     for i, n in enumerate(prefill_lengths):
-        samples.append(_prefill_sample(engine, f"prefill-{i}", _tokens(i * 7919, n), 0))
+        samples.append(_prefill_sample(engine, f"prefill-{i}", [_tokens(i * 7919, n)], 0))
     for context in contexts:
         prefix = _tokens(context * 3, _whole_blocks(engine, context))
-        samples.append(_prefill_sample(engine, f"warm-{context}", prefix, 0))  # cached from here on
-        for n in CACHED_PREFILLS:
-            samples.append(_prefill_sample(engine, f"cached-{context}-{n}", prefix + _tokens(n * 31, n), len(prefix)))
+        samples.append(_prefill_sample(engine, f"warm-{context}", [prefix], 0))  # cached from here on
+        for starts in (1, BURST_STARTS):
+            for n in CACHED_PREFILLS:
+                tails = [_tokens(n * 31 + starts * 1009 + j * 101, n) for j in range(starts)]  # none cached
+                samples.append(_prefill_sample(engine, f"cached-{context}-{n}-{starts}", [prefix + t for t in tails],
+                                               len(prefix)))
         for b in batch_sizes:
             if b * engine.blocks_for(context + decode_steps + 2) > engine.free_kv_blocks():
                 continue
@@ -57,11 +65,18 @@ def _whole_blocks(engine: Engine, tokens: int) -> int:
     return max(tokens // engine.block_size, 1) * engine.block_size
 
 
-def _prefill_sample(engine: Engine, gen: str, prompt: list[int], cached: int) -> Sample:
-    engine.start(GenerationSpec(gen, prompt, max_new_tokens=1, forced_ids=[VOCAB_FLOOR]))
+def _prefill_sample(engine: Engine, gen: str, prompts: list[list[int]], cached: int) -> Sample:
+    """One step prefilling ``prompts`` together, the first ``cached`` tokens of each in the prefix cache."""
+    gens = [f"{gen}-{j}" for j in range(len(prompts))]
+    for g, prompt in zip(gens, prompts, strict=True):
+        engine.start(GenerationSpec(g, prompt, max_new_tokens=1, forced_ids=[VOCAB_FLOOR]))
     out = engine.step()
-    engine.release(gen)
-    return [(len(prompt) - cached, len(prompt))], [], 0, out.duration
+    for g in gens:
+        engine.release(g)
+    if len(out.new_tokens) != len(gens):
+        raise RuntimeError(f"{len(out.new_tokens)} of {len(gens)} prefills ended in one step: give the engine a batch "
+                           "cap and a step token budget that hold them")
+    return [(len(p) - cached, len(p)) for p in prompts], [], 0, out.duration
 
 
 def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int, shared: int) -> list[Sample]:
