@@ -28,7 +28,7 @@ echo "==> Python 3.10 venv without vLLM or torch ($python_310): $py310_venv"
 TIMELY_LLM_VLLM_BUILD=none PYTHON="$python_310" bash "$repo/scripts/setup_env.sh" "$py310_venv" "$repo/build/py310/ros"
 
 cd "$repo"
-"$venv/bin/ruff" check timely_llm test
+"$venv/bin/ruff" check timely_llm timely_llm_robot timely_llm_bench timely_llm_interfaces/python test
 "$venv/bin/mypy"  # mypy.ini: the plan language, the scheduling core, the scheduler, the server, the engines
 status=0
 (. "$repo/scripts/ros_env.sh" "$venv" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" test) || status=$?

@@ -30,8 +30,8 @@ echo "==> step time: timely-llm profile, SmolLM2 in $dtype"
 "$venv/bin/timely-llm" profile --model smollm2 --vllm-arg "dtype=$dtype" --out "$out/gpu-smollm2.yaml"
 
 echo "==> resume cost: segment_overhead (tiny model, 1000-token prompt; then SmolLM2 generating a plan)"
-"$venv/bin/python" -m timely_llm.evaluation.segment_overhead --prompt-tokens 1000
-"$venv/bin/python" -m timely_llm.evaluation.segment_overhead --model smollm2 \
+"$venv/bin/python" -m timely_llm_bench.evaluation.segment_overhead --prompt-tokens 1000
+"$venv/bin/python" -m timely_llm_bench.evaluation.segment_overhead --model smollm2 \
   --task "Scene: [], Task: [A] Could you find the cat? If so, go to it."
 
 echo "==> urgent response: timelyllm vs vllm-stream, the first $seconds s of WID1 on SmolLM2 in $dtype"

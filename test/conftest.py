@@ -21,8 +21,8 @@ def tello_client_ports() -> tuple[int, int]:
     """djitellopy binds its client ports once per process and never releases them: pick them once."""
     from djitellopy import Tello
 
-    from timely_llm.executors.tello import use_client_ports
-    from timely_llm.executors.tello_sim import free_udp_port
+    from timely_llm_bench.robots.tello_sim import free_udp_port
+    from timely_llm_robot.executors.tello import use_client_ports
 
     use_client_ports(free_udp_port(), free_udp_port())
     return Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT
@@ -41,7 +41,7 @@ def ros_domain(monkeypatch: pytest.MonkeyPatch) -> int:
 @pytest.fixture
 def session(ros_domain: int) -> Iterator:
     """(context, executor) of an rclpy session spinning in a thread."""
-    from timely_llm.robots.fleet import ros_session
+    from timely_llm_bench.robots.fleet import ros_session
 
     with ros_session(ros_domain) as ctx_exec:
         yield ctx_exec
@@ -50,7 +50,7 @@ def session(ros_domain: int) -> Iterator:
 @pytest.fixture
 def link(session: tuple) -> Iterator:
     """A PlanLink (action client + SegmentDone publisher) on a node of its own."""
-    from timely_llm.robots.robot_client import PlanLink
+    from timely_llm_robot.client import PlanLink
 
     with spun_node(session, "test_robots") as node:
         yield PlanLink(node)
@@ -60,7 +60,8 @@ def link(session: tuple) -> Iterator:
 def robots(link: object) -> Iterator[Callable]:
     """Makes RobotClients on ``link`` executing SimulatedSkills at 0.2x their time unless given a runner."""
     from timely_llm.plan.robot_file import load_skill_models
-    from timely_llm.robots.robot_client import RobotClient, SimulatedSkills
+    from timely_llm_bench.robots.simulated import SimulatedSkills
+    from timely_llm_robot.client import RobotClient
 
     skills = load_skill_models()
     made: list[RobotClient] = []
@@ -77,7 +78,7 @@ def robots(link: object) -> Iterator[Callable]:
 @pytest.fixture
 def topic_link(session: tuple) -> Iterator:
     """A TopicPlanLink (task_requests publisher, per-robot topics) on a node of its own."""
-    from timely_llm.robots.topic_client import TopicPlanLink
+    from timely_llm_robot.topic_client import TopicPlanLink
 
     with spun_node(session, "test_topic_robots") as node:
         yield TopicPlanLink(node)
@@ -87,8 +88,8 @@ def topic_link(session: tuple) -> Iterator:
 def topic_robots(topic_link: object) -> Iterator[Callable]:
     """Makes TopicRobotClients on ``topic_link`` executing SimulatedSkills at 0.2x their time."""
     from timely_llm.plan.robot_file import load_skill_models
-    from timely_llm.robots.robot_client import SimulatedSkills
-    from timely_llm.robots.topic_client import TopicRobotClient
+    from timely_llm_bench.robots.simulated import SimulatedSkills
+    from timely_llm_robot.topic_client import TopicRobotClient
 
     skills = load_skill_models()
     made: list[TopicRobotClient] = []

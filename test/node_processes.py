@@ -27,8 +27,9 @@ from rclpy.parameter_client import AsyncParameterClient
 from rclpy.task import Future
 
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_robot.client import PlanLink, RobotClient
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

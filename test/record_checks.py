@@ -3,7 +3,7 @@
 import pytest
 
 from timely_llm.core.overload import INFEASIBLE_REASON
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
 
 CATALOG = load_catalog()
 EPS = 1e-9

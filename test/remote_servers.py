@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from timely_llm.evaluation.peer_bench import EngineConfig, ServeProcess
+from timely_llm_bench.evaluation.peer_bench import EngineConfig, ServeProcess
 
 API_KEY_ENV = "TIMELY_LLM_TEST_API_KEY"
 API_KEY = "test-key-7f3a9c1e"

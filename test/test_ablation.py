@@ -10,11 +10,11 @@ import pytest
 from timely_llm.cli import main
 from timely_llm.core.features import Features
 from timely_llm.engines.hardware import load_profile
-from timely_llm.evaluation.ablation import POINTS, Point, feature_sets, is_ablation, markdown_table, run_ablation
-from timely_llm.evaluation.harness import run_bench
-from timely_llm.evaluation.sweep import with_kv_memory, workload_for
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.ablation import POINTS, Point, feature_sets, is_ablation, markdown_table, run_ablation
+from timely_llm_bench.evaluation.harness import run_bench
+from timely_llm_bench.evaluation.sweep import with_kv_memory, workload_for
 
 
 def test_points_round_trip_through_their_names():

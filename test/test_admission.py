@@ -14,13 +14,13 @@ from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import SimulatedRobots, run_bench
-from timely_llm.evaluation.sweep import with_kv_memory, workload_for
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver, ServerConfig, build_server
-from timely_llm.workloads.generator import BUILTIN, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.harness import SimulatedRobots, run_bench
+from timely_llm_bench.evaluation.sweep import with_kv_memory, workload_for
+from timely_llm_bench.workloads.generator import BUILTIN, generate
 
 SKILLS = load_skill_models()
 

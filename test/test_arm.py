@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from timely_llm.executors.arm import ArmState, SimulatedArm, arm_skill_duration
-from timely_llm.executors.minispec import Value
+from timely_llm_robot.executors.arm import ArmState, SimulatedArm, arm_skill_duration
+from timely_llm_robot.executors.minispec import Value
 
 TIME_SCALE = 0.01
 

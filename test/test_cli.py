@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from timely_llm.cli import POLICY_HELP, build_parser, main
-from timely_llm.evaluation.harness import BENCH_POLICIES
+from timely_llm_bench.evaluation.harness import BENCH_POLICIES
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -33,12 +33,12 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
 @pytest.fixture
 def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any bench, replay or vLLM start fails the test: the errors must come before them."""
-    import timely_llm.evaluation.harness as harness
+    import timely_llm_bench.evaluation.harness as harness
 
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("the run started before the bad argument was reported")
 
-    import timely_llm.robots.fleet as fleet
+    import timely_llm_bench.robots.fleet as fleet
 
     monkeypatch.setattr(harness, "run_bench", forbidden)
     monkeypatch.setattr(fleet, "ros_session", forbidden)
@@ -191,7 +191,7 @@ def test_the_readme_workload_example_loads(tmp_path: Path, capsys: pytest.Captur
 def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from timely_llm.cli.common import _progress
+    from timely_llm_bench.cli.common import _progress
 
     with _progress("timelyllm", 5, period_s=0.05) as progress:
         progress(3)
@@ -202,7 +202,7 @@ def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixt
 
 
 def test_demo_help_gives_the_arrivals_each_engine_replays() -> None:
-    from timely_llm.cli.ros import DEMO_GENERATED_SECONDS
+    from timely_llm_bench.cli.ros import DEMO_GENERATED_SECONDS
 
     duration = next(a for a in subcommands()["demo"]._actions if a.dest == "duration")
     assert f"default {DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, else 60" in duration.help

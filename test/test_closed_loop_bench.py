@@ -10,10 +10,10 @@ import yaml
 
 from timely_llm.engines.hardware import load_profile
 from timely_llm.errors import ConfigError
-from timely_llm.evaluation.closed_loop import plan_steps, run_mode, summarize_tasks
-from timely_llm.evaluation.harness import EngineSetup, run_bench
 from timely_llm.plan.grammar import plan_grammar
-from timely_llm.workloads.closed_loop import TASKS_PATH, load_closed_loop
+from timely_llm_bench.evaluation.closed_loop import plan_steps, run_mode, summarize_tasks
+from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
+from timely_llm_bench.workloads.closed_loop import TASKS_PATH, load_closed_loop
 
 TASKS = load_closed_loop()
 SETUP = EngineSetup.simulator(load_profile("rtx4090-llama3-8b"))

@@ -60,7 +60,7 @@ def test_skill_models_missing_a_robot_of_the_traces(tmp_path, capsys):
 
 def test_malformed_trace_catalog(tmp_path):
     from timely_llm.errors import ConfigError
-    from timely_llm.workloads.traces import load_catalog
+    from timely_llm.traces import load_catalog
 
     path = tmp_path / "cat.yaml"
     path.write_text("tasks:\n  - {id: 1, category: weird, robot: tello, description: d, prompt: p, plan: 'mf(1);'}\n")

@@ -17,14 +17,14 @@ from timely_llm.core.request import Request, Segment, Status
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.hardware import estimator_profile, load_profile
+from timely_llm.engines.profile_fit import fit_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.estimate_error import measure, segment_errors
-from timely_llm.evaluation.harness import EngineSetup, run_bench
-from timely_llm.evaluation.profile_fit import fit_profile
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.serving import ServerConfig
-from timely_llm.workloads.generator import WorkloadSpec, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.estimate_error import measure, segment_errors
+from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
+from timely_llm_bench.workloads.generator import WorkloadSpec, generate
 
 SKILLS = load_skill_models()
 CATALOG = load_catalog()

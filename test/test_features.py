@@ -25,7 +25,7 @@ def test_unknown_part_is_named():
 
 
 def test_sweep_runs_each_set_under_our_policies_and_the_baselines_once_without():
-    from timely_llm.evaluation.sweep import Grid, run_grid, series
+    from timely_llm_bench.evaluation.sweep import Grid, run_grid, series
 
     grid = Grid(("rtx4090-llama3-8b",), ("vllm-stream", "timelyllm"), (25,), (8,), duration=10.0,
                 features=("none", "all"))

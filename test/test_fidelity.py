@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from timely_llm.engines.hardware import load_profile
-from timely_llm.evaluation import fidelity
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation import fidelity
+from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
 
 
 @pytest.fixture(scope="module")

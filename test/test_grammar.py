@@ -16,7 +16,7 @@ from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.regex import int_range, matches, render
 from timely_llm.plan.robot_file import load_skill_model, load_skill_models, skill_model_dir
 from timely_llm.plan.segmenter import Segmenter
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
 
 MODELS = load_skill_models()
 CATALOG = load_catalog()

@@ -4,6 +4,7 @@ imports itself back through others, and each layer imports only the layers below
 from __future__ import annotations
 
 import ast
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,54 @@ def test_a_layer_imports_only_the_layers_below_it(layer: str) -> None:
     assert upward == set()
 
 
-def test_the_node_imports_no_robot_client_fleet_or_benchmark() -> None:
-    node = {module: targets for module, targets in imports().items() if in_package(module, ("timely_llm.ros",))}
-    node_to_robots = {(module, target) for module, targets in node.items() for target in targets
-                      if in_package(target, ("timely_llm.robots",))}
-    assert node_to_robots == set()
+REPO = PACKAGE.parent
+PACKAGE_SOURCES = {"timely_llm": PACKAGE, "timely_llm_robot": REPO / "timely_llm_robot" / "timely_llm_robot",
+                   "timely_llm_bench": REPO / "timely_llm_bench" / "timely_llm_bench"}
+"""Each Python package of the repository and its source folder."""
+MAY_IMPORT = {"timely_llm": {"timely_llm"}, "timely_llm_robot": {"timely_llm_robot"},
+              "timely_llm_bench": {"timely_llm_bench", "timely_llm", "timely_llm_robot"}}
+"""Which of the repository's packages each may import: the node neither of the others; the robot side nothing of the
+node (a robot installs only timely_llm_interfaces and timely_llm_robot); the benchmarks both."""
+
+
+def test_the_import_finder_sees_lazy_imports(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("def f():\n    from timely_llm_bench.cli import register\n    import timely_llm\n")
+    assert _imports_under(tmp_path) == {tmp_path / "m.py": {"timely_llm_bench", "timely_llm"}}
+
+
+def _imports_under(source: Path) -> dict[Path, set[str]]:
+    """Each module file under ``source`` -> the top-level packages it imports (lazy and type-only imports too)."""
+    return {path: _top_names(path) for path in source.rglob("*.py")}
+
+
+def _top_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_SOURCES))
+def test_a_package_imports_only_the_packages_it_may(package: str) -> None:
+    ours = set(PACKAGE_SOURCES)
+    wrong = {(str(path.relative_to(REPO)), name) for path, names in _imports_under(PACKAGE_SOURCES[package]).items()
+             for name in names & ours - MAY_IMPORT[package]}
+    assert wrong == set()
+
+
+def test_only_the_tello_executor_imports_djitellopy() -> None:
+    importers = {str(path.relative_to(REPO)) for source in PACKAGE_SOURCES.values()
+                 for path, names in _imports_under(source).items() if "djitellopy" in names}
+    assert importers <= {"timely_llm_robot/timely_llm_robot/executors/tello.py",
+                         "timely_llm_bench/timely_llm_bench/robots/sim_robots.py"}
+    assert "timely_llm_robot/timely_llm_robot/executors/tello.py" in importers
+
+
+def test_the_node_needs_no_plotting_and_no_drone_library() -> None:
+    imported = {name for path, names in _imports_under(PACKAGE).items() for name in names}
+    assert not imported & {"matplotlib", "djitellopy"}
+    run_depends = {e.text for e in ET.parse(REPO / "package.xml").getroot() if e.tag in ("exec_depend", "depend")}
+    assert not {d for d in run_depends if "matplotlib" in d or "tello" in d}

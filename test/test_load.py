@@ -14,12 +14,12 @@ from timely_llm.clock import VirtualClock
 from timely_llm.core.tuf import NORMAL_TUF, URGENT_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import run_bench
-from timely_llm.evaluation.sweep import workload_for
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import ServerConfig, build_server
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.harness import run_bench
+from timely_llm_bench.evaluation.sweep import workload_for
 
 SKILLS = load_skill_models()
 CATALOG = load_catalog()

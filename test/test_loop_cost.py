@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from timely_llm.cli import main
-from timely_llm.evaluation.loop_cost import measure
+from timely_llm_bench.evaluation.loop_cost import measure
 
 
 def test_the_command_prints_a_row_per_batch_and_grammar_and_a_resume_row(capsys: pytest.CaptureFixture[str]) -> None:

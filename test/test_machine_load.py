@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from timely_llm.evaluation.machine_load import (
+from timely_llm_bench.evaluation.machine_load import (
     CpuSample,
     MachineLoad,
     combined,

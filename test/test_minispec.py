@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from timely_llm.executors.minispec import (
+from timely_llm_robot.executors.minispec import (
     Call,
     Interpreter,
     Literal,

@@ -34,7 +34,7 @@ from rclpy.parameter_client import AsyncParameterClient
 
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.robot_client import PlanLink
+from timely_llm_robot.client import PlanLink
 
 pytestmark = [pytest.mark.ros, pytest.mark.no_vllm]
 

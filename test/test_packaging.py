@@ -45,7 +45,8 @@ from rclpy.node import Node
 
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_robot.client import PlanLink, RobotClient
 
 pytestmark = pytest.mark.ros
 
@@ -180,13 +181,23 @@ def _copy_checkout(destination: Path) -> None:
             shutil.copy2(REPO / name, destination / name)
 
 
+def _laid_out(clone: Path, ws: Path, packages: str | None = None) -> Path:
+    """A workspace laid out from a copy of this checkout by the documented command (scripts/workspace.sh);
+    ``packages``: the PACKAGES it takes (default: all of them)."""
+    _copy_checkout(clone)
+    env = {**os.environ, **({"PACKAGES": packages} if packages else {})}
+    made = subprocess.run(["bash", str(clone / "scripts" / "workspace.sh"), str(ws)], env=env, capture_output=True,
+                          text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    return ws
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The checkout in ws/src/timely_llm and its interfaces package linked beside it (colcon's crawl does not
-    look inside a package), built by a plain `colcon build` over the venv's ROS."""
-    ws = tmp_path_factory.mktemp("ws")
-    _copy_checkout(ws / "src" / "timely_llm")
-    (ws / "src" / "timely_llm_interfaces").symlink_to("timely_llm/timely_llm_interfaces")
+    """Every package of a clone linked into ws/src by scripts/workspace.sh, built by a plain `colcon build` over
+    the venv's ROS."""
+    root = tmp_path_factory.mktemp("clone")
+    ws = _laid_out(root / "timely_llm", root / "ws")
     _run_sourced(ws, [], "colcon build")
     return Workspace(ws)
 
@@ -209,6 +220,28 @@ class Workspace:
 
     def sourced(self, command: str, underlays: tuple[Path, ...] = ()) -> list[str]:
         return _sourced([*underlays, self.root], command)
+
+
+def test_workspace_command_refuses_an_unknown_package(tmp_path: Path) -> None:
+    made = subprocess.run(["bash", str(REPO / "scripts" / "workspace.sh"), str(tmp_path / "ws")],
+                          env={**os.environ, "PACKAGES": "timely_llm_robot no_such_pkg"}, capture_output=True, text=True)
+    assert made.returncode == 2 and "unknown package no_such_pkg" in made.stderr
+
+
+def test_colcon_install_holds_every_package(workspace: Workspace) -> None:
+    script = ("import timely_llm_robot.client as robot, timely_llm_bench.cli as bench; print(robot.__file__, "
+              "bench.__file__)")
+    out = subprocess.run(workspace.sourced(f"python -c '{script}'"), cwd=workspace.root, env=venv_env(0, None),
+                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    install = workspace.root / "install"
+    assert out.stdout.split() == [
+        f"{install}/timely_llm_robot/lib/python3.11/site-packages/timely_llm_robot/client.py",
+        f"{install}/timely_llm_bench/lib/python3.11/site-packages/timely_llm_bench/cli/__init__.py"]
+    help_text = subprocess.run(workspace.sourced(f"{install}/timely_llm/lib/timely_llm/timely-llm --help"),
+                               cwd=workspace.root, env=venv_env(0, None), capture_output=True, text=True,
+                               timeout=START_TIMEOUT_S)
+    assert help_text.returncode == 0 and "peer-bench" in help_text.stdout and "serve" in help_text.stdout
 
 
 def test_colcon_install_holds_the_package(workspace: Workspace) -> None:
@@ -289,6 +322,58 @@ def test_a_workspace_of_the_interfaces_alone_builds_for_a_cpp_robot_and_python(t
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         f"{install}/lib/python3.11/site-packages/timely_llm_interfaces/msg/__init__.py", "1", "4"]
+
+
+ROBOT_SCRIPT = """
+import importlib.abc, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("timely_llm", "timely_llm_bench", "matplotlib", "vllm", "torch", "djitellopy"):
+            raise ImportError(f"a robot imported {name}")
+
+sys.meta_path.insert(0, Refuse())
+import time
+import rclpy
+from rclpy.node import Node
+import timely_llm_robot
+from timely_llm_interfaces.rclpy_compat import spinning
+from timely_llm_robot.client import PlanLink, RobotClient
+from timely_llm_robot.executors.base import run_timed
+
+rclpy.init()
+node = Node("robot_1")
+with spinning() as executor:
+    executor.add_node(node)
+    link = PlanLink(node)
+    assert link.wait_for_server(timeout_s=60), "no node"
+    robot = RobotClient(link, "tello_1", "tello", lambda segment, label: run_timed(lambda: time.sleep(0.01)))
+    outcome = robot.request("Fly up and look around.", trace_id=1).wait(timeout_s=120)
+    robot.close()
+node.destroy_node()
+rclpy.shutdown()
+print(timely_llm_robot.__file__, outcome.status, len(outcome.segments) == outcome.result.num_segments > 0)
+"""
+
+
+def test_a_robot_workspace_holds_only_the_interfaces_and_the_robot_package_and_serves_a_goal(
+        tmp_path: Path, ros_domain: int) -> None:
+    """A robot's computer: timely_llm_interfaces and timely_llm_robot alone, laid out by the documented command and
+    built by plain `colcon build`; a Python robot from that install, which refuses to import the node, the
+    benchmarks, matplotlib, vLLM, torch and djitellopy, gets a plan from a node served beside it."""
+    ws = _laid_out(tmp_path / "timely_llm", tmp_path / "ws", "timely_llm_interfaces timely_llm_robot")
+    assert sorted(p.name for p in (ws / "src").iterdir()) == ["timely_llm_interfaces", "timely_llm_robot"]
+    _run_sourced(ws, [], "colcon build")
+    (tmp_path / "robot.py").write_text(ROBOT_SCRIPT)
+    with running([str(VENV_BIN / "timely-llm"), "serve", "--ros-args", "-p", "engine:=sim"],
+                 venv_env(ros_domain), tmp_path) as server:
+        server.wait_for(lambda: READY_LINE in server.output(chars=0), "the node active")
+        robot = subprocess.run(_sourced([ws], f"python {tmp_path / 'robot.py'}"), cwd=tmp_path,
+                               env=venv_env(ros_domain, None), capture_output=True, text=True,
+                               timeout=START_TIMEOUT_S)
+    assert robot.returncode == 0, robot.stdout[-2000:] + robot.stderr[-4000:]
+    assert robot.stdout.split() == [
+        f"{ws}/install/timely_llm_robot/lib/python3.11/site-packages/timely_llm_robot/__init__.py", "succeeded", "True"]
 
 
 def test_launch_ros_command_line_serves_a_goal(workspace: Workspace, ros_domain: int, link: PlanLink) -> None:

@@ -12,7 +12,9 @@ import pytest
 
 from timely_llm.core.request import Outcome, Status
 from timely_llm.core.tuf import TUF
-from timely_llm.evaluation.peer_bench import (
+from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.peer_bench import (
     FLOOR,
     EngineConfig,
     PeerBench,
@@ -25,9 +27,7 @@ from timely_llm.evaluation.peer_bench import (
     robot_times,
     table,
 )
-from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
-from timely_llm.workloads.traces import load_catalog
+from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_table_gives_ratios_to_the_same_sides_floor() -> None:
 
 
 def test_the_node_on_the_remote_engine_has_rows_of_its_own_against_its_servers_floor() -> None:
-    from timely_llm.evaluation.peer_bench import NODE_REMOTE
+    from timely_llm_bench.evaluation.peer_bench import NODE_REMOTE
 
     floor = [_record(0, "urgent", 6, 2.0, 4.0)]
     runs = [Run("serve", FLOOR, "tasks", 1, floor), Run(NODE_REMOTE, FLOOR, "tasks", 1, floor),
@@ -152,7 +152,7 @@ def test_cli_prints_the_table_of_saved_runs_and_needs_out_to_run(tmp_path, capsy
 
 
 def test_the_floor_is_each_tasks_quickest_succeeded_pass() -> None:
-    from timely_llm.evaluation.peer_bench import quickest
+    from timely_llm_bench.evaluation.peer_bench import quickest
 
     loaded = [_record(0, "urgent", 6, 3.0, 9.0), _record(1, "normal", 1, 1.0, 3.0, ok=False)]
     quiet = [_record(0, "urgent", 6, 1.0, 4.0), _record(1, "normal", 1, 2.0, 5.0)]
@@ -192,7 +192,7 @@ def test_a_node_plan_left_empty_gave_no_action_as_on_the_streaming_side() -> Non
 
 def test_saved_runs_print_the_machines_load_and_refuse_a_verdict_when_it_differs(tmp_path, capsys) -> None:
     from timely_llm.cli import main
-    from timely_llm.evaluation.machine_load import MachineLoad
+    from timely_llm_bench.evaluation.machine_load import MachineLoad
 
     def run(config: str, others: float, round_: int = 1) -> Run:
         return Run("node", config, "peer-light", round_, [_record(1, "urgent", 6, 2.0, 6.0)],
@@ -217,7 +217,7 @@ def test_saved_runs_print_the_machines_load_and_refuse_a_verdict_when_it_differs
 @pytest.mark.parametrize("given", [None, 64])
 def test_both_sides_get_the_embedded_engines_block_size_unless_one_is_given(tmp_path, given) -> None:
     from timely_llm.cli import build_parser
-    from timely_llm.cli.engine import _peer_bench_of
+    from timely_llm_bench.cli.engine import _peer_bench_of
     from timely_llm.engines.vllm_engine import CPU_BLOCK_SIZE, default_block_size
 
     assert default_block_size() == CPU_BLOCK_SIZE  # this suite runs on vLLM's CPU build

@@ -19,14 +19,14 @@ from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine, zero_time
 from timely_llm.engines.sim_tokenizer import SimTokenizer
-from timely_llm.executors.minispec import parse
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.regex import EPS, INF, Alt, Cat, Chars, Regex, Repeat, render
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.plan.skills import SkillCall, SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import ServerConfig, build_server
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_robot.executors.minispec import parse
 
 MODELS = load_skill_models()
 CATALOG = load_catalog()

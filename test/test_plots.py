@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from timely_llm.cli import main
-from timely_llm.evaluation.plots import pick_timeline, plot_results
+from timely_llm_bench.evaluation.plots import pick_timeline, plot_results
 
 POLICIES = ("vllm", "timelyllm")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

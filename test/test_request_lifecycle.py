@@ -10,11 +10,11 @@ from timely_llm.core.request import ENDED, TRANSITIONS, IllegalTransition, Reque
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import SimulatedRobots
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest, Server
 from timely_llm.serving import Driver, ServerConfig, build_server
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.harness import SimulatedRobots
 
 SKILLS = load_skill_models()
 CATALOG = load_catalog()

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from timely_llm.errors import ConfigError
-from timely_llm.executors.minispec import SkillFailed
-from timely_llm.executors.mobile_base import SimulatedMobileBase
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_model, load_skill_models, skill_model_dir
 from timely_llm.plan.skills import SkillModel
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_robot.executors.minispec import SkillFailed
+from timely_llm_robot.executors.mobile_base import SimulatedMobileBase
 
 MEASURED_SYSTEM_PROMPTS = {  # sha256 and length of lrtrace.yaml's system_prompts at 12c3262, which the figures used
     "tello": ("cb57e1fb08e1cae841dd2ddbc37d07dc046f31f99019ebabaea609fb23f2b631", 3221),
@@ -238,10 +238,10 @@ def test_the_simulated_mobile_base_looks_follows_and_refuses_like_a_base_on_a_ma
 
 
 def test_a_fleet_mobile_base_executes_segments_in_the_times_simulated_skills_draws() -> None:
-    from timely_llm.robots.robot_client import segment_rng
-    from timely_llm.robots.sim_robots import simulated_robots
     from timely_llm.ros.interfaces import Segment as SegmentMsg
     from timely_llm.ros.interfaces import SkillCall as SkillCallMsg
+    from timely_llm_bench.robots.sim_robots import simulated_robots
+    from timely_llm_bench.robots.simulated import segment_rng
 
     skills = load_skill_models()
     model = skills["mobile_base"]

@@ -19,17 +19,17 @@ import pytest
 import yaml
 from guards import wait_until
 from looker_robot import LOOKER
+from timely_llm_interfaces.names import TASK_REQUESTS, agent_topics
+from timely_llm_interfaces.qos import AGENT_QOS, SERVER_STATUS_QOS
 
-from timely_llm.executors.base import SegmentResult, run_timed
-from timely_llm.robots.fleet import server_node
-from timely_llm.robots.robot_client import RobotClient, TaskOutcome
-from timely_llm.robots.topic_client import TopicPlanLink, TopicRobotClient
 from timely_llm.ros.interfaces import PlanResult, RequestPlan, SegmentDone, ServerStatus, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.names import TASK_REQUESTS, agent_topics
-from timely_llm.ros.qos import AGENT_QOS, SERVER_STATUS_QOS
 from timely_llm.ros.topic_requests import TASK_REQUESTS_QOS
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.fleet import server_node
+from timely_llm_robot.client import RobotClient, TaskOutcome
+from timely_llm_robot.executors.base import SegmentResult, run_timed
+from timely_llm_robot.topic_client import TopicPlanLink, TopicRobotClient
 
 pytestmark = pytest.mark.ros
 

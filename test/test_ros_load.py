@@ -20,8 +20,9 @@ import pytest
 from guards import wait_until
 
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills, TaskOutcome
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_robot.client import PlanLink, RobotClient, TaskOutcome
 
 pytestmark = pytest.mark.ros
 
@@ -122,8 +123,8 @@ def test_load_bench_prints_every_goal_ended_and_flat_memory(ros_domain: int) -> 
 def test_load_bench_says_which_answer_a_goal_never_got() -> None:
     from action_msgs.msg import GoalStatus
 
-    from timely_llm.robots.load_bench import GoalTimes, _plan_status
     from timely_llm.ros.interfaces import RequestPlan
+    from timely_llm_bench.robots.load_bench import GoalTimes, _plan_status
 
     assert GoalTimes(sent=0.0).outcome == "no goal response"
     assert GoalTimes(sent=0.0, accepted=0.1).outcome == "no result"

@@ -23,27 +23,22 @@ from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected, RunIncomplete
-from timely_llm.evaluation.harness import run_bench
-from timely_llm.executors.base import SegmentResult
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import cut, fleet_agents, fleet_result, run_fleet, server_node
-from timely_llm.robots.robot_client import (
-    PlanLink,
-    RobotClient,
-    SimulatedSkills,
-    TaskOutcome,
-    segment_rng,
-    tello_runner,
-)
-from timely_llm.robots.sim_robots import SkillTimes, simulated_robots
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan, ServerStatus
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
 from timely_llm.ros.node import NodeStartError
 from timely_llm.server import Server
-from timely_llm.workloads.generator import BUILTIN, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.harness import run_bench
+from timely_llm_bench.robots.fleet import cut, fleet_agents, fleet_result, run_fleet, server_node
+from timely_llm_bench.robots.sim_robots import SkillTimes, simulated_robots
+from timely_llm_bench.robots.simulated import SimulatedSkills, segment_rng
+from timely_llm_bench.workloads.generator import BUILTIN, generate
+from timely_llm_robot.client import PlanLink, RobotClient, TaskOutcome
+from timely_llm_robot.executors.base import SegmentResult
+from timely_llm_robot.executors.tello import tello_runner
 
 pytestmark = pytest.mark.ros
 
@@ -295,8 +290,8 @@ def test_status_reports_queue_counts_and_per_category_utility(session: tuple, li
 
 def test_tello_executor_flies_a_plan_from_the_node(session: tuple, robots: Callable,
                                                  tello_client_ports: tuple[int, int]) -> None:
-    from timely_llm.executors.tello import TelloExecutor
-    from timely_llm.executors.tello_sim import TelloSimulator
+    from timely_llm_bench.robots.tello_sim import TelloSimulator
+    from timely_llm_robot.executors.tello import TelloExecutor
 
     with TelloSimulator(state_port=tello_client_ports[1], time_scale=0.01) as drone, \
             TelloExecutor(drone.address, time_scale=0.01) as tello, server_node(session[1], session[0]):

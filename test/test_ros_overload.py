@@ -15,14 +15,14 @@ from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.errors import RequestRejected
-from timely_llm.evaluation.metrics import run_end, shed_utility
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import fleet_result, run_fleet, server_node
-from timely_llm.robots.robot_client import SimulatedSkills
 from timely_llm.ros.goals import GoalRules, plan_from_goal
 from timely_llm.ros.interfaces import RequestPlan
-from timely_llm.workloads.generator import Workload, WorkloadRequest
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.metrics import run_end, shed_utility
+from timely_llm_bench.robots.fleet import fleet_result, run_fleet, server_node
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_bench.workloads.generator import Workload, WorkloadRequest
 
 pytestmark = pytest.mark.ros
 

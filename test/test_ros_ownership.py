@@ -18,19 +18,19 @@ from rclpy.node import Node, NodeNameNonExistentError
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock
 from std_msgs.msg import String
+from timely_llm_interfaces.names import agent_topics, report_topic
+from timely_llm_interfaces.qos import AGENT_QOS, DEEP_RELIABLE
 
-from timely_llm.executors.base import SegmentResult
-from timely_llm.robots.fleet import server_node
-from timely_llm.robots.robot_client import PlanLink, RobotClient, TaskOutcome
-from timely_llm.robots.topic_client import TopicPlanLink
 from timely_llm.ros import agents, throttle
 from timely_llm.ros.interfaces import PlanResult, SegmentDone, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_msg, duration_seconds, stamp_seconds
-from timely_llm.ros.names import agent_topics, report_topic
-from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
 from timely_llm.ros.throttle import ThrottledLog
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.fleet import server_node
+from timely_llm_robot.client import PlanLink, RobotClient, TaskOutcome
+from timely_llm_robot.executors.base import SegmentResult
+from timely_llm_robot.topic_client import TopicPlanLink
 
 pytestmark = pytest.mark.ros
 

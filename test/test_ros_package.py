@@ -29,19 +29,21 @@ from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import QoSProfile
 from rosgraph_msgs.msg import Clock
 from spun_nodes import spun_node
+from timely_llm_interfaces.names import report_topic
+from timely_llm_interfaces.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
+from timely_llm_interfaces.rclpy_compat import spinning
 
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import server_node
-from timely_llm.robots.robot_client import PlanLink, RobotClient, SimulatedSkills
 from timely_llm.ros.diagnostics import Snapshot, level_of
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
 from timely_llm.ros.messages import duration_seconds
-from timely_llm.ros.names import report_topic
-from timely_llm.ros.node import NODE_EXECUTOR_THREADS, NodeStartError, TimelyLlmNode, spinning
+from timely_llm.ros.node import NODE_EXECUTOR_THREADS, NodeStartError, TimelyLlmNode
 from timely_llm.ros.parameters import when_applied
-from timely_llm.ros.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
 from timely_llm.server import Server
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.fleet import server_node
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_robot.client import PlanLink, RobotClient
 
 pytestmark = pytest.mark.ros
 

@@ -13,7 +13,7 @@ from remote_servers import API_KEY_ENV, MAX_NUM_SEQS
 
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import server_node
+from timely_llm_bench.robots.fleet import server_node
 
 pytestmark = [pytest.mark.ros, pytest.mark.remote]
 

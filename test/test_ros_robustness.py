@@ -17,16 +17,16 @@ from builtin_interfaces.msg import Time as TimeMsg
 from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.publisher import Publisher
+from timely_llm_interfaces.names import report_topic
+from timely_llm_interfaces.qos import DEEP_RELIABLE
 
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import server_node
-from timely_llm.robots.robot_client import PlanLink, RobotClient, TaskOutcome
 from timely_llm.ros import throttle
 from timely_llm.ros.interfaces import SegmentDone, ServerStatus
 from timely_llm.ros.messages import duration_msg, duration_seconds
-from timely_llm.ros.names import report_topic
-from timely_llm.ros.qos import DEEP_RELIABLE
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.fleet import server_node
+from timely_llm_robot.client import PlanLink, RobotClient, TaskOutcome
 
 pytestmark = pytest.mark.ros
 

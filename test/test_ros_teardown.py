@@ -12,8 +12,7 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.context import Context
 from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
-
-from timely_llm.ros.node import spinning
+from timely_llm_interfaces.rclpy_compat import spinning
 
 
 def test_spinning_goes_on_after_a_task_meets_a_destroyed_entity(session: tuple) -> None:

@@ -12,20 +12,21 @@ from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.parameter import Parameter
+from timely_llm_interfaces.names import agent_id_error, agent_topics
+from timely_llm_interfaces.qos import AGENT_QOS
 
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import cut, run_fleet, server_node
-from timely_llm.robots.robot_client import RobotClient, SimulatedSkills, TaskOutcome
-from timely_llm.robots.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 from timely_llm.ros import agents as agent_endpoints
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_seconds, optional_seconds
-from timely_llm.ros.names import agent_id_error, agent_topics
 from timely_llm.ros.node import TimelyLlmNode
-from timely_llm.ros.qos import AGENT_QOS
-from timely_llm.workloads.generator import BUILTIN, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.fleet import cut, run_fleet, server_node
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_bench.workloads.generator import BUILTIN, generate
+from timely_llm_robot.client import RobotClient, TaskOutcome
+from timely_llm_robot.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 
 pytestmark = pytest.mark.ros
 
@@ -212,7 +213,7 @@ def test_any_name_becomes_a_valid_agent_id(name: str, token: str) -> None:
 
 
 def test_each_robot_process_receives_every_goals_feedback_on_the_action_and_its_own_on_topics(ros_domain: int) -> None:
-    from timely_llm.robots.traffic_bench import run_traffic
+    from timely_llm_bench.robots.traffic_bench import run_traffic
 
     action, topic = run_traffic(3, 2, ros_domain, time_scale=0.01)
     for point in (action, topic):

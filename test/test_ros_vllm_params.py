@@ -20,15 +20,16 @@ from guards import wait_until
 from lifecycle_msgs.srv import GetState
 from node_processes import READY_LINE, VENV_BIN, running, venv_env
 from rclpy.lifecycle import TransitionCallbackReturn
+from timely_llm_interfaces.qos import SERVER_STATUS_QOS
 
 from timely_llm.cli import main
 from timely_llm.engines.vllm_args import EngineArgsError
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.robots.fleet import server_node
-from timely_llm.robots.robot_client import RobotClient, SimulatedSkills
 from timely_llm.ros.interfaces import ServerStatus
-from timely_llm.ros.qos import SERVER_STATUS_QOS
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.robots.fleet import server_node
+from timely_llm_bench.robots.simulated import SimulatedSkills
+from timely_llm_robot.client import RobotClient
 
 pytestmark = pytest.mark.ros
 

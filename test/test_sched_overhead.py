@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from timely_llm.core.request import Request
-from timely_llm.evaluation.sched_overhead import NETWORK_LATENCY, NOW, build_queue, measure
 from timely_llm.plan.robot_file import load_skill_models
+from timely_llm_bench.evaluation.sched_overhead import NETWORK_LATENCY, NOW, build_queue, measure
 
 SKILLS = load_skill_models()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from timely_llm.engines.sim_tokenizer import MAX_PIECE_CHARS, MAX_VOCAB, UNKNOWN, SimTokenizer
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
 
 CATALOG = load_catalog()
 

@@ -11,10 +11,10 @@ from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
-from timely_llm.evaluation.harness import BENCH_POLICIES, run_bench
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.workloads.generator import BUILTIN, WorkloadSpec, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.harness import BENCH_POLICIES, run_bench
+from timely_llm_bench.workloads.generator import BUILTIN, WorkloadSpec, generate
 
 SKILLS = load_skill_models()
 CATALOG = load_catalog()

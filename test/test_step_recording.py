@@ -11,7 +11,7 @@ from timely_llm.engines.sim import SimEngine
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.server import PlanRequest
 from timely_llm.serving import ServerConfig, build_server
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
 
 SKILLS = load_skill_models()
 CATALOG = load_catalog()

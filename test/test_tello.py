@@ -15,16 +15,16 @@ from collections.abc import Callable, Iterator
 import pytest
 from djitellopy import Tello
 
-from timely_llm.executors.tello import (
-    FakeScene,
-    SceneObject,
-    TelloExecutor,
-)
-from timely_llm.executors.tello_sim import (
+from timely_llm_bench.robots.tello_sim import (
     DroneState,
     TelloSimulator,
     format_state,
     tello_command_duration,
+)
+from timely_llm_robot.executors.tello import (
+    FakeScene,
+    SceneObject,
+    TelloExecutor,
 )
 
 TIME_SCALE = 0.01

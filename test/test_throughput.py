@@ -18,9 +18,9 @@ from timely_llm.core.throughput import (
 )
 from timely_llm.core.tuf import NORMAL_TUF
 from timely_llm.engines.hardware import load_profile
-from timely_llm.evaluation import sweep
-from timely_llm.evaluation.harness import run_bench
 from timely_llm.plan.robot_file import load_skill_models
+from timely_llm_bench.evaluation import sweep
+from timely_llm_bench.evaluation.harness import run_bench
 
 TELLO = load_skill_models()["tello"]
 NET = 0.008

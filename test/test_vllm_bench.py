@@ -9,12 +9,12 @@ from record_checks import check_record, check_shed_record
 from timely_llm.core.features import Features
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.hardware import load_profile
+from timely_llm.engines.profile_fit import BURST_STARTS, fit_profile, measure_steps
 from timely_llm.engines.vllm_engine import VllmEngine
-from timely_llm.evaluation.harness import EngineSetup, run_bench
-from timely_llm.evaluation.profile_fit import BURST_STARTS, fit_profile, measure_steps
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, generate
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
+from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
+from timely_llm_bench.workloads.generator import Workload, WorkloadRequest, WorkloadSpec, generate
 
 pytestmark = pytest.mark.vllm
 

@@ -20,7 +20,7 @@ from timely_llm.engines.base import Engine
 from timely_llm.plan.skills import SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import Driver, ServerConfig, build_server
-from timely_llm.workloads.traces import TraceCatalog
+from timely_llm.traces import TraceCatalog
 
 DEFAULT_PLAN_TOKENS = 64
 _ids = itertools.count()

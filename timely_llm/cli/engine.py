@@ -1,4 +1,4 @@
-"""``timely-llm`` commands on the real engine: profile, plan, peer-bench, fidelity."""
+"""``timely-llm`` commands on the embedded engine: profile, plan."""
 
 from __future__ import annotations
 
@@ -12,246 +12,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from timely_llm.cli.common import (
-    BURSTY_MAX_BATCH,
     DEFAULT_HW,
-    POLICY_HELP,
     _add_vllm_arg,
     _in_file,
-    _load_inputs,
     _model_dir,
-    _nonneg_int,
     _out_file,
-    _positive_float,
     _positive_int,
     _quiet_vllm_logging,
-    _read_json,
     _vllm_engine,
 )
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
 if TYPE_CHECKING:
-    from timely_llm.evaluation.peer_bench import PeerBench, Run
-    from timely_llm.plan.skills import SkillModel
-    from timely_llm.workloads.generator import Workload
-    from timely_llm.workloads.traces import TraceCatalog
-
-
-def _add_profile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
-                   help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--memory-from", default=DEFAULT_HW,
-                   help="profile whose memory section is kept, but for its block size: the engine's")
-    p.add_argument("--max-model-len", type=_positive_int, default=None,
-                   help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default: vllm.max_model_len of "
-                        "config/timely_llm.yaml)")
-    p.add_argument("--out", required=True, type=_out_file, help="hardware profile YAML file to write")
-    _add_vllm_arg(p)
-    p.set_defaults(run=_profile)
-
-
-def _profile(args: argparse.Namespace) -> int:
-    from timely_llm.engines.hardware import load_profile, save_profile
-    from timely_llm.engines.vllm_args import shipped_vllm_args
-
-    given = dict(args.vllm_arg)
-    max_model_len = args.max_model_len or given.get("max_model_len") or shipped_vllm_args().get("max_model_len")
-    if not isinstance(max_model_len, int) or max_model_len < MIN_PROFILE_MODEL_LEN:
-        raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
-    memory = dict(load_profile(args.memory_from).memory)
-    _quiet_vllm_logging()
-    from timely_llm.evaluation.profile_fit import fit_profile, measure_steps
-
-    length = {"max_model_len": ("--max-model-len", args.max_model_len)} if args.max_model_len else {}
-    engine = _vllm_engine(args.model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, **length)
-    lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
-    contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
-    samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)
-    memory["block_tokens"] = float(engine.block_size)  # the prefix cache hits whole blocks of the engine's size
-    engine.close()
-    profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
-    if args.model in MODEL_NAMES:  # simulated with the model's token counts
-        profile = dataclasses.replace(profile, tokenizer=args.model)
-    save_profile(profile, args.out)
-    for term, value in profile.step.items():
-        print(f"{term:24s} {value:.3e}")
-    return 0
-
-
-def _add_peer_bench(p: argparse.ArgumentParser) -> None:
-    from timely_llm.evaluation.peer_bench import NODE_ENGINES, SERVE_CONFIGS
-    from timely_llm.workloads.peer import PEER_WORKLOADS
-
-    p.description = ("Start vllm serve from this venv (same model, dtype, KV size, batch cap, prefix caching as the "
-                     "node's engine) and replay each workload with robots streaming completions over its OpenAI API "
-                     "on loopback, cutting segments with the Segmenter; then the node's server loop on an embedded "
-                     "engine under each policy. Every server first runs each task alone (its floor). Prints one "
-                     "table of ratios to the floor; see README.md, 'Peer benchmark'.")
-    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
-    p.add_argument("--workloads", nargs="+", default=["light", "contended"], choices=list(PEER_WORKLOADS),
-                   help="built-in mixed workloads (default: light contended)")
-    p.add_argument("--policies", nargs="+", default=["timelyllm", "vllm-stream"], choices=[
-        n for n in POLICY_HELP if n != "isolated"], help="the node's policies (default: timelyllm vllm-stream)")
-    p.add_argument("--serve-configs", nargs="*", default=["serve"], choices=SERVE_CONFIGS,
-                   help="vllm serve runs: serve (FCFS, its default), serve-priority (default: serve)")
-    p.add_argument("--node-engines", nargs="+", default=["vllm"], choices=NODE_ENGINES,
-                   help="the node's engines: vllm (embedded, a fresh engine each round), remote (the remote engine "
-                        "driving the first --serve-configs server, after its streaming robots) (default: vllm)")
-    p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
-    p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
-    p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
-    p.add_argument("--max-batch", type=_positive_int, default=64,
-                   help="batch cap on both sides: vllm serve's --max-num-seqs, the node's max_batch (default 64)")
-    p.add_argument("--block-size", type=_positive_int, default=None,
-                   help="KV block size in tokens on both sides (default: the embedded engine's, 32 on a CPU)")
-    p.add_argument("--reserved-cpus", type=_nonneg_int, default=None,
-                   help="VLLM_CPU_NUM_OF_RESERVED_CPU for vllm serve (0: its worker gets every core, as ours does; "
-                        "default: vLLM's own, which keeps one core for the API server)")
-    p.add_argument("--port", type=_positive_int, default=8765, help="loopback port of vllm serve (default 8765)")
-    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the arrivals and robots (default 0)")
-    p.add_argument("--first", type=_positive_int, default=None, metavar="N",
-                   help="keep only each workload's first N requests (a quick check)")
-    p.add_argument("--from", dest="inputs", nargs="+", type=_in_file, default=None, metavar="JSON",
-                   help="print the table of earlier runs' JSON files (rounds merged) instead of running")
-    p.add_argument("--out", type=_out_file, default=None, help="JSON of every run, written after each one")
-    p.set_defaults(run=_peer_bench)
-
-
-def _peer_bench(args: argparse.Namespace) -> int:
-    from timely_llm.evaluation.peer_bench import Run, RunRecord
-
-    if args.inputs:
-        runs = []
-        for path in args.inputs:
-            for raw in _read_json(path)["runs"]:
-                records = [RunRecord(**r) for r in raw.pop("records")]
-                runs.append(Run(**raw, records=records))
-        _print_peer_runs(runs)
-        return 0
-    if args.out is None:
-        raise ConfigError("--out", None, "is required unless --from is given")
-    if "remote" in args.node_engines and not args.serve_configs:
-        raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
-    _quiet_vllm_logging()
-    bench = _peer_bench_of(args)
-
-    def progress(line: str) -> None:
-        print(line, flush=True)
-        Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
-
-    bench.run(progress)
-    Path(args.out).write_text(json.dumps(bench.to_json(), indent=1))
-    _print_peer_runs(bench.runs)
-    print(f"prompt ids identical on both sides: {bench.prompt_ids_match}; runs -> {args.out}")
-    return 0
-
-
-def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
-    from timely_llm.engines.vllm_engine import default_block_size
-    from timely_llm.evaluation.peer_bench import EngineConfig, PeerBench
-    from timely_llm.models import resolve_model
-    from timely_llm.plan.robot_file import load_skill_models
-    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
-    from timely_llm.workloads.traces import load_catalog
-
-    catalog = load_catalog()
-    path, dtype = resolve_model(args.model)
-    engine = EngineConfig(str(args.model), str(path), dtype, kv_cache_gib=args.kv_gib,
-                          max_batch=args.max_batch, max_tokens=args.max_tokens,
-                          block_size=args.block_size or default_block_size())  # both sides alike
-    workloads = [generate_peer(PEER_WORKLOADS[w], catalog, args.seed) for w in args.workloads]
-    if args.first:
-        workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
-    return PeerBench(engine, workloads, load_skill_models(None), catalog, tuple(args.serve_configs),
-                     tuple(args.policies), args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent,
-                     node_engines=tuple(args.node_engines))
-
-
-def _print_peer_runs(runs: list[Run]) -> None:
-    from timely_llm.evaluation.peer_bench import first_segments, machine_loads, table
-
-    print(table(runs))
-    print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
-    print("\nThe machine during the runs:\n" + machine_loads(runs))
-
-
-FIDELITY_POLICIES = ("timelyllm", "vllm-stream")
-
-
-def _add_fidelity(p: argparse.ArgumentParser) -> None:
-    from timely_llm.core.policies import POLICIES
-    from timely_llm.workloads.peer import PEER_WORKLOADS
-
-    p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
-                     "does) on the simulator (suspending in place, as embedded vLLM does; with its own tokenizer and "
-                     "with the stand-in one) and on embedded vLLM in real time, under each policy, and print them side "
-                     "by side: per category mean and p95 response and waiting, utility, where the first segments' "
-                     "time went; per run the step times by kind and batch, (re)starts, suspensions and the "
-                     "machine's load.")
-    p.add_argument("--workload", default="bursty",
-                   help=f"a peer workload ({', '.join(PEER_WORKLOADS)}; default bursty), WID1, WID1-high, WID2, WID3 "
-                        "or a workload JSON file")
-    p.add_argument("--policies", nargs="+", default=list(FIDELITY_POLICIES), metavar="POLICY",
-                   choices=[n for n in POLICIES if n != "vllm-priority"],
-                   help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
-    p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
-                   help=f"batch cap of the scheduler and the vLLM engine (default {BURSTY_MAX_BATCH})")
-    p.add_argument("--hw", default="cpu-2core-smollm2-135m",
-                   help="the simulator's hardware profile (default cpu-2core-smollm2-135m)")
-    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
-    p.add_argument("--rounds", type=_positive_int, default=1,
-                   help="rounds on the real engine, every other one in reverse policy order (default 1)")
-    p.add_argument("--first", type=_positive_int, default=None, metavar="N", help="only the first N requests")
-    p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
-    p.add_argument("--out", type=_out_file, default=None, help="write every run (records, step logs) as JSON")
-    _add_vllm_arg(p)
-    p.set_defaults(run=_fidelity)
-
-
-def _fidelity(args: argparse.Namespace) -> int:
-    from timely_llm.engines.hardware import estimator_profile, load_profile
-    from timely_llm.engines.sim_tokenizer import SimTokenizer
-    from timely_llm.evaluation import fidelity
-
-    profile = load_profile(args.hw)
-    skills, catalog, workload = _fidelity_inputs(args)
-    policies = list(dict.fromkeys(args.policies))
-    print(f"{len(workload.requests)} requests of {workload.name}, batch cap {args.max_batch}; simulator {profile.name} "
-          f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
-          "at the start", flush=True)
-    _quiet_vllm_logging()
-    with _stdout_to_stderr():
-        engine = _vllm_engine(args.model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
-                              scheduling_policy=("--policies", "fcfs"))
-    try:
-        print("engine ready; warming up, then the real runs", flush=True)
-        runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,
-                                      args.rounds, skills, catalog, args.seed, args.max_batch)
-        runs += [run for tokenizer in (None, SimTokenizer())
-                 for run in fidelity.simulated(profile, tokenizer, workload, policies, skills, catalog, args.seed,
-                                               args.max_batch)]
-    finally:
-        engine.close()
-    if args.out:
-        Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.name,
-                                              "model": str(args.model), "max_batch": args.max_batch,
-                                              "runs": [r.to_json() for r in runs]}))
-    print("\n\n".join([fidelity.outcome_table(runs), fidelity.step_table(runs), "\n".join(fidelity.load_lines(runs))]))
-    return 0
-
-
-def _fidelity_inputs(args: argparse.Namespace) -> tuple[dict[str, SkillModel], TraceCatalog, Workload]:
-    """The robots, the catalog and the workload (a peer workload or any bench one), cut to ``--first``."""
-    from timely_llm.workloads.peer import PEER_WORKLOADS, generate_peer
-
-    if args.workload in PEER_WORKLOADS:
-        skills, catalog, _ = _load_inputs(argparse.Namespace(workload="WID1", seed=args.seed, skill_models=None))
-        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
-    else:
-        skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
-    if args.first:
-        workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
-    return skills, catalog, workload
+    pass
 
 
 MIN_PROFILE_MODEL_LEN = 128
@@ -331,3 +105,44 @@ def _stdout_to_stderr():  # noqa: ANN202 - context manager
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def _add_profile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
+                   help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
+    p.add_argument("--memory-from", default=DEFAULT_HW,
+                   help="profile whose memory section is kept, but for its block size: the engine's")
+    p.add_argument("--max-model-len", type=_positive_int, default=None,
+                   help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default: vllm.max_model_len of "
+                        "config/timely_llm.yaml)")
+    p.add_argument("--out", required=True, type=_out_file, help="hardware profile YAML file to write")
+    _add_vllm_arg(p)
+    p.set_defaults(run=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from timely_llm.engines.hardware import load_profile, save_profile
+    from timely_llm.engines.vllm_args import shipped_vllm_args
+
+    given = dict(args.vllm_arg)
+    max_model_len = args.max_model_len or given.get("max_model_len") or shipped_vllm_args().get("max_model_len")
+    if not isinstance(max_model_len, int) or max_model_len < MIN_PROFILE_MODEL_LEN:
+        raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
+    memory = dict(load_profile(args.memory_from).memory)
+    _quiet_vllm_logging()
+    from timely_llm.engines.profile_fit import fit_profile, measure_steps
+
+    length = {"max_model_len": ("--max-model-len", args.max_model_len)} if args.max_model_len else {}
+    engine = _vllm_engine(args.model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, **length)
+    lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
+    contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
+    samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)
+    memory["block_tokens"] = float(engine.block_size)  # the prefix cache hits whole blocks of the engine's size
+    engine.close()
+    profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
+    if args.model in MODEL_NAMES:  # simulated with the model's token counts
+        profile = dataclasses.replace(profile, tokenizer=args.model)
+    save_profile(profile, args.out)
+    for term, value in profile.step.items():
+        print(f"{term:24s} {value:.3e}")
+    return 0

@@ -32,11 +32,11 @@ from rclpy.callback_groups import CallbackGroup
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from std_msgs.msg import String
+from timely_llm_interfaces.names import agent_topics, cancel_topic, report_topic
+from timely_llm_interfaces.qos import AGENT_QOS, DEEP_RELIABLE
 
 from timely_llm.ros.interfaces import PlanResult, SegmentDone
 from timely_llm.ros.interfaces import Segment as SegmentMsg
-from timely_llm.ros.names import agent_topics, cancel_topic, report_topic
-from timely_llm.ros.qos import AGENT_QOS, DEEP_RELIABLE
 from timely_llm.ros.topic_pump import TopicPump
 
 MAX_AGENTS = 1024

@@ -24,7 +24,7 @@ from timely_llm.ros.parameters import ENGINE_PREFIXES, foreign_engine_parameters
 from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.server import Server
 from timely_llm.serving import ServerConfig, build_server
-from timely_llm.workloads.traces import load_catalog
+from timely_llm.traces import load_catalog
 
 CATEGORIES = tuple(DEFAULT_TUFS)
 LOAD_PROGRESS_S = 10.0

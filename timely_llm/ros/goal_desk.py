@@ -15,6 +15,8 @@ from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
 from rclpy.task import Future
+from timely_llm_interfaces.names import MAX_ID_CHARS, REQUEST_PLAN
+from timely_llm_interfaces.qos import action_server_qos
 
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.errors import RequestRejected
@@ -24,8 +26,6 @@ from timely_llm.ros.interfaces import RequestPlan, SegmentDone, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.messages import aborted_result, result_message, segment_message, status_name
-from timely_llm.ros.names import MAX_ID_CHARS, REQUEST_PLAN
-from timely_llm.ros.qos import action_server_qos
 from timely_llm.ros.reports import instant
 from timely_llm.ros.server_loop import ServerLoop, cancel
 from timely_llm.ros.throttle import ThrottledLog

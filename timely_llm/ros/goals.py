@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from timely_llm_interfaces.names import MAX_ID_CHARS, agent_id_error
+
 from timely_llm.core.tuf import TUF
 from timely_llm.errors import RequestRejected
 from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.interfaces import RequestPlan, TaskRequest
 from timely_llm.ros.messages import FieldError, duration_seconds, overrun_name
-from timely_llm.ros.names import MAX_ID_CHARS, agent_id_error
 from timely_llm.server import PlanRequest
-from timely_llm.workloads.traces import Trace, TraceCatalog
+from timely_llm.traces import Trace, TraceCatalog
 
 MAX_ERT_S = 3600.0
 MAX_TUF_SLOPE = 1e6

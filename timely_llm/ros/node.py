@@ -45,17 +45,16 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import rclpy
 import rclpy.executors
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.context import Context
-from rclpy.exceptions import InvalidHandle, InvalidParameterValueException
+from rclpy.exceptions import InvalidParameterValueException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
+from timely_llm_interfaces.rclpy_compat import spinning
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import Features
@@ -79,18 +78,10 @@ from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.ros.status import StatusReporter
 from timely_llm.server import Server
 
-EXECUTOR_THREADS = 8
-"""A session shared with clients that may wait (tests, fleet, demo): one thread per callback group (goals and
-results, reports, watchdog, status and diagnostics, lifecycle transitions, lifecycle queries, parameters) and
-one spare, so no goal holds a thread."""
 NODE_EXECUTOR_THREADS = 1
 """The node's own process (``main``) spins a SingleThreadedExecutor: no callback of the node waits (transitions
 run in threads of their own), and Jazzy's MultiThreadedExecutor costs several times the node's CPU per goal in
 its own bookkeeping (README, "The loop's own cost")."""
-SPIN_WAKE_S = 0.1
-"""The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
-HANDLERS_WAIT_S = 2.0
-"""How long the end of a ``spinning`` block waits for the callbacks its executor's threads are still running."""
 SHUTDOWN_TIMEOUT_S = 1.5
 """Shutdown waits at most this long for the results of the goals it aborts to be handed to rclpy ..."""
 RESULT_FLUSH_S = 0.3
@@ -417,59 +408,6 @@ class TimelyLlmNode(LifecycleNode):
         server, self.server = self.server, None
         if server is not None:
             self._loader.release_later(server, self._loop)
-
-
-def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
-    """``executor.spin()`` until ``stop`` is set, but never waiting for work longer than SPIN_WAKE_S.
-
-    Seen under load with rclpy Jazzy's MultiThreadedExecutor: a wait that began while a
-    timer's callback group was busy was not woken when the group became free, and the
-    node's timers stopped until some message happened to arrive.
-
-    A task that met an entity destroyed since the executor's wait (``InvalidHandle``, re-raised
-    here by ``spin_once``) concerned a node already gone: the spinning goes on for the others.
-    Join the thread running this before ``executor.shutdown()`` (:func:`spinning` does): Jazzy's
-    shutdown destroys the executor's guard condition without waiting for callbacks in flight,
-    and every task a ``spin_once`` still makes triggers it.
-    """
-    while not stop.is_set() and executor.context.ok():
-        try:
-            executor.spin_once(timeout_sec=SPIN_WAKE_S)
-        except rclpy.executors.ExternalShutdownException:
-            return
-        except InvalidHandle:
-            continue
-
-
-@contextmanager
-def spinning(context: Context | None = None, threads: int = EXECUTOR_THREADS) -> Iterator[rclpy.executors.Executor]:
-    """An executor spinning in a thread of its own; stopped, then shut down, when the block ends. ``threads`` 1:
-    a SingleThreadedExecutor, else a MultiThreadedExecutor (a session shared with clients that may wait)."""
-    executor = (rclpy.executors.SingleThreadedExecutor(context=context) if threads == 1
-                else rclpy.executors.MultiThreadedExecutor(num_threads=threads, context=context))
-    stop = threading.Event()
-    spinner = threading.Thread(target=spin, args=(executor, stop), name="executor", daemon=True)
-    spinner.start()
-    try:
-        yield executor
-    finally:
-        stop.set()
-        spinner.join()  # before the shutdown: see spin
-        await_handlers(executor, HANDLERS_WAIT_S)
-        executor.shutdown()
-
-
-def await_handlers(executor: rclpy.executors.Executor, timeout_s: float) -> None:
-    """Wait, at most ``timeout_s``, for the callbacks a MultiThreadedExecutor has handed to its threads.
-
-    Each one triggers the executor's guard condition, which Jazzy's ``shutdown()`` destroys without waiting
-    for them (the wait its docstring promises is skipped): the callback then fails with InvalidHandle, and
-    rclpy prints "The following exception was never retrieved" when its task is collected.
-    """
-    deadline = time.monotonic() + timeout_s
-    for task in list(getattr(executor, "_futures", ())):
-        while not task.done() and time.monotonic() < deadline:
-            time.sleep(0.005)
 
 
 def main(args: list[str] | None = None) -> int:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from timely_llm_interfaces.names import MAX_ID_CHARS
+
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.messages import FieldError, duration_seconds, stamp_seconds
-from timely_llm.ros.names import MAX_ID_CHARS
 
 REPORT_SLACK_S = 1.0
 """How far a reported execution may reach outside the time since its segment's dispatch: before the dispatch, or

@@ -8,10 +8,10 @@ from __future__ import annotations
 import functools
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from timely_llm_interfaces.names import MAX_ID_CHARS
 
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.ledger import Ledger
-from timely_llm.ros.names import MAX_ID_CHARS
 from timely_llm.ros.reports import Executed, Instant, ReportRefused, instant
 from timely_llm.ros.server_loop import ServerLoop, abort, executed
 from timely_llm.ros.throttle import ThrottledLog

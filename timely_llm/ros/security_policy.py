@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree
 
-from timely_llm.ros.names import (
+from timely_llm_interfaces.names import (
     REQUEST_PLAN,
     STATUS,
     TASK_REQUESTS,

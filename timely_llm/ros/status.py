@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from timely_llm_interfaces.qos import SERVER_STATUS_QOS
 
 from timely_llm.core.request import Status
 from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
 from timely_llm.ros.ledger import Ledger
-from timely_llm.ros.qos import SERVER_STATUS_QOS
 from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.server import Server
 

@@ -19,8 +19,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
-
-from timely_llm.ros.rclpy_compat import SubscriptionEventCallbacks
+from timely_llm_interfaces.rclpy_compat import SubscriptionEventCallbacks
 
 WAIT_S = 0.1
 """The thread re-checks whether it should stop at least this often."""

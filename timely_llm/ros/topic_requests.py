@@ -37,18 +37,17 @@ from dataclasses import dataclass
 from rclpy.callback_groups import CallbackGroup
 from rclpy.node import Node
 from std_msgs.msg import String
+from timely_llm_interfaces.names import MAX_ID_CHARS, TASK_REQUESTS, agent_id_error
+from timely_llm_interfaces.qos import TASK_REQUESTS_QOS
 
 from timely_llm.errors import RequestRejected
 from timely_llm.ros.agents import AgentTopics, TopicEndpoints
 from timely_llm.ros.interfaces import PlanResult, RequestPlan, SegmentDone, TaskRequest
 from timely_llm.ros.messages import aborted_result
-from timely_llm.ros.names import MAX_ID_CHARS, TASK_REQUESTS, agent_id_error
-from timely_llm.ros.qos import DEEP_RELIABLE
 from timely_llm.ros.throttle import ThrottledLog
 
 ID_PREFIX = "topic-"
 """The node's ids of topic requests: never 32 lower-case hex digits, the form of an action goal's id."""
-TASK_REQUESTS_QOS = DEEP_RELIABLE
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""What the benchmark commands share: the inputs they load, progress lines, summaries."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from timely_llm.core.features import Features
+from timely_llm.errors import ConfigError
+
+PROGRESS_PERIOD_S = 10.0
+
+
+def _features(text: str) -> str:
+    try:
+        Features.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.traces import load_catalog
+    from timely_llm_bench.workloads.generator import BUILTIN, generate, load_workload
+
+    skills = load_skill_models(args.skill_models)
+    catalog = load_catalog(robots=skills)  # prompts from the skill models this run uses
+    for trace in catalog.traces.values():
+        if trace.robot not in skills:
+            raise ConfigError("lrtrace.yaml", f"trace {trace.id}.robot", f"no skill model for {trace.robot!r}")
+    if args.workload in BUILTIN:
+        workload = generate(BUILTIN[args.workload], catalog, skills, args.seed)
+    elif Path(args.workload).is_file():
+        workload = load_workload(args.workload, catalog)
+    else:
+        raise ConfigError("--workload", args.workload, f"neither a built-in workload ({', '.join(BUILTIN)}) nor a file")
+    return skills, catalog, workload
+
+
+def _read_json(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(path, None, f"cannot read JSON: {exc}") from exc
+
+
+def _print_failures(records: list[dict]) -> None:
+    for record in records:
+        if record["status"] != "succeeded":
+            print(f"    {record['id']} ({record['agent']}): {record['status']}: {record['reason']}")
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S) -> Iterator[Callable[[int], None]]:
+    """A callback taking the number of requests done; a thread prints 'done / total' every ``period_s``."""
+    done = [0]
+    stop = threading.Event()
+    began = time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(period_s):
+            print(f"  {label}: {done[0]}/{total} requests done ({time.monotonic() - began:.0f} s)", flush=True)
+
+    def update(count: int) -> None:
+        done[0] = count
+
+    printer = threading.Thread(target=report, daemon=True)
+    printer.start()
+    try:
+        yield update
+    finally:
+        stop.set()
+        printer.join()
+
+
+def _print_summary(result: dict) -> None:
+    from timely_llm_bench.evaluation.metrics import fmt_metric as fmt
+
+    print(f"{result['policy']} on {result['workload']} ({result['hw']}, seed {result['seed']}):")
+    for category, s in result["summary"].items():
+        killed = f" killed={s['killed']}" if s.get("killed") else ""
+        shed = (f" shed={s['shed']}{killed} utility with shed={fmt(s['mean_utility_with_shed'])}"
+                if s.get("shed") or killed else "")
+        print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
+              f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s{shed}")
+
+
+BURSTY_MAX_BATCH = 8
+
+

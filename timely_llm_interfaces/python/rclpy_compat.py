@@ -1,0 +1,85 @@
+"""What both ends of the wire need of rclpy beyond its public API, in one place: the names that moved between the
+distributions the node runs on (Humble, Jazzy), and an executor spun in a thread that stops cleanly.
+
+Private rclpy read here: ``Executor._futures`` (``await_handlers``), the callbacks a MultiThreadedExecutor has
+handed to its threads, which Jazzy's ``shutdown()`` does not wait for."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import rclpy
+import rclpy.executors
+from rclpy.context import Context
+from rclpy.exceptions import InvalidHandle
+
+try:  # Iron and later
+    from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
+except ImportError:  # Humble
+    from rclpy.qos_event import PublisherEventCallbacks, SubscriptionEventCallbacks
+
+__all__ = ["PublisherEventCallbacks", "SubscriptionEventCallbacks", "await_handlers", "spin", "spinning"]
+
+EXECUTOR_THREADS = 8
+"""A session shared with clients that may wait (tests, fleet, demo): one thread per callback group (goals and
+results, reports, watchdog, status and diagnostics, lifecycle transitions, lifecycle queries, parameters) and
+one spare, so no goal holds a thread."""
+SPIN_WAKE_S = 0.1
+"""The executor re-examines its work at least this often: a lost wake-up costs this, not a stalled node."""
+HANDLERS_WAIT_S = 2.0
+"""How long the end of a ``spinning`` block waits for the callbacks its executor's threads are still running."""
+
+def spin(executor: rclpy.executors.Executor, stop: threading.Event) -> None:
+    """``executor.spin()`` until ``stop`` is set, but never waiting for work longer than SPIN_WAKE_S.
+
+    Seen under load with rclpy Jazzy's MultiThreadedExecutor: a wait that began while a
+    timer's callback group was busy was not woken when the group became free, and the
+    node's timers stopped until some message happened to arrive.
+
+    A task that met an entity destroyed since the executor's wait (``InvalidHandle``, re-raised
+    here by ``spin_once``) concerned a node already gone: the spinning goes on for the others.
+    Join the thread running this before ``executor.shutdown()`` (:func:`spinning` does): Jazzy's
+    shutdown destroys the executor's guard condition without waiting for callbacks in flight,
+    and every task a ``spin_once`` still makes triggers it.
+    """
+    while not stop.is_set() and executor.context.ok():
+        try:
+            executor.spin_once(timeout_sec=SPIN_WAKE_S)
+        except rclpy.executors.ExternalShutdownException:
+            return
+        except InvalidHandle:
+            continue
+
+
+@contextmanager
+def spinning(context: Context | None = None, threads: int = EXECUTOR_THREADS) -> Iterator[rclpy.executors.Executor]:
+    """An executor spinning in a thread of its own; stopped, then shut down, when the block ends. ``threads`` 1:
+    a SingleThreadedExecutor, else a MultiThreadedExecutor (a session shared with clients that may wait)."""
+    executor = (rclpy.executors.SingleThreadedExecutor(context=context) if threads == 1
+                else rclpy.executors.MultiThreadedExecutor(num_threads=threads, context=context))
+    stop = threading.Event()
+    spinner = threading.Thread(target=spin, args=(executor, stop), name="executor", daemon=True)
+    spinner.start()
+    try:
+        yield executor
+    finally:
+        stop.set()
+        spinner.join()  # before the shutdown: see spin
+        await_handlers(executor, HANDLERS_WAIT_S)
+        executor.shutdown()
+
+
+def await_handlers(executor: rclpy.executors.Executor, timeout_s: float) -> None:
+    """Wait, at most ``timeout_s``, for the callbacks a MultiThreadedExecutor has handed to its threads.
+
+    Each one triggers the executor's guard condition, which Jazzy's ``shutdown()`` destroys without waiting
+    for them (the wait its docstring promises is skipped): the callback then fails with InvalidHandle, and
+    rclpy prints "The following exception was never retrieved" when its task is collected.
+    """
+    deadline = time.monotonic() + timeout_s
+    for task in list(getattr(executor, "_futures", ())):
+        while not task.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
