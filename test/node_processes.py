@@ -54,12 +54,14 @@ vLLM engine of an earlier test puts in this process's environment."""
 
 def venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict[str, str]:
     """An activated venv and nothing else ROS: no ros_env.sh, no setup.bash; ``pythonpath`` (default: this
-    checkout, where `pip install -e .` of it points, even from a git worktree)."""
+    checkout and its robot and benchmark packages, where `pip install -e` of them points, even from a git
+    worktree)."""
     env = {k: v for k, v in os.environ.items() if k not in ROS_ENV_VARS}
     env.update(VIRTUAL_ENV=str(VENV_BIN.parent), PATH=f"{VENV_BIN}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
                ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
     if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+        roots = (pythonpath, pythonpath / "timely_llm_robot", pythonpath / "timely_llm_bench")
+        env["PYTHONPATH"] = os.pathsep.join(map(str, roots)) if pythonpath == REPO else str(pythonpath)
     return env | extra
 
 
