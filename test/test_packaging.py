@@ -352,6 +352,8 @@ with spinning() as executor:
     robot.close()
 node.destroy_node()
 rclpy.shutdown()
+if outcome.result is None:
+    sys.exit("goal rejected")
 print(timely_llm_robot.__file__, outcome.status, len(outcome.segments) == outcome.result.num_segments > 0)
 """
 
@@ -371,7 +373,8 @@ def test_a_robot_workspace_holds_only_the_interfaces_and_the_robot_package_and_s
         robot = subprocess.run(_sourced([ws], f"python {tmp_path / 'robot.py'}"), cwd=tmp_path,
                                env=venv_env(ros_domain, None), capture_output=True, text=True,
                                timeout=START_TIMEOUT_S)
-    assert robot.returncode == 0, robot.stdout[-2000:] + robot.stderr[-4000:]
+        node_log = server.output()
+    assert robot.returncode == 0, robot.stdout[-2000:] + robot.stderr[-4000:] + node_log
     assert robot.stdout.split() == [
         f"{ws}/install/timely_llm_robot/lib/python3.11/site-packages/timely_llm_robot/__init__.py", "succeeded", "True"]
 
