@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from timely_llm_interfaces.fields import oversized
 from timely_llm_interfaces.names import MAX_ID_CHARS, agent_id_error
 
 from timely_llm.core.tuf import TUF
@@ -40,6 +41,9 @@ class GoalRules:
 
 def plan_from_goal(goal: Goal, request_id: str, rules: GoalRules) -> PlanRequest:
     """The PlanRequest for a goal; RequestRejected says why a malformed goal cannot be served."""
+    too_long = oversized(goal)
+    if too_long:
+        raise RequestRejected(too_long)
     unnamed = agent_id_error(goal.agent_id)
     if unnamed:
         raise RequestRejected(unnamed)

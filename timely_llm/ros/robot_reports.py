@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from timely_llm_interfaces.fields import oversized
 from timely_llm_interfaces.names import MAX_ID_CHARS
 
 from timely_llm.ros.interfaces import SegmentDone
@@ -36,6 +37,9 @@ class RobotReports:
         try:
             if report.agent_id != agent:
                 raise ReportRefused(f"it names agent {report.agent_id[:MAX_ID_CHARS]!r}")
+            too_long = oversized(report)
+            if too_long:
+                raise ReportRefused(too_long)
             executed = self._ledger.take(report, received)
         except ReportRefused as refused:
             self._log.warn(agent, f"ignored SegmentDone on {agent!r}'s topic for goal "

@@ -24,7 +24,7 @@ from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.task import Future as RclpyFuture
-from timely_llm_interfaces.fields import duration_msg, overrun_code, status_name
+from timely_llm_interfaces.fields import clipped, duration_msg, overrun_code, oversized, status_name
 from timely_llm_interfaces.names import REQUEST_PLAN, agent_id_error, report_topic
 from timely_llm_interfaces.qos import DEEP_RELIABLE, action_client_qos
 from timely_llm_interfaces.rclpy_compat import PublisherEventCallbacks
@@ -175,6 +175,9 @@ class RobotClient:
                                 tuf_ert=duration_msg(ert), tuf_alpha=alpha, tuf_beta=beta,
                                 max_new_tokens=max_new_tokens, trace_id=trace_id, keep_if_infeasible=keep_if_infeasible,
                                 overrun_strategy=overrun_code(overrun_strategy))
+        too_long = oversized(goal)
+        if too_long:
+            raise ValueError(f"goal not sent: {too_long}")
         outcome = TaskOutcome(label or self.agent_id, time.monotonic())
         sent = self.link.action.send_goal_async(goal, feedback_callback=lambda fb: self._on_feedback(outcome, fb))
         sent.add_done_callback(lambda f: self._on_response(outcome, f.result()))
@@ -229,8 +232,8 @@ class RobotClient:
             if self.report:
                 report = SegmentDone(stamp=ended, agent_id=self.agent_id, request_id=segment.request_id,
                                      index=segment.index, duration=duration_msg(result.duration),
-                                     success=result.success, reason=result.reason,
-                                     result=reported_value(segment, result))
+                                     success=result.success, reason=clipped(result.reason, SegmentDone, "reason"),
+                                     result=clipped(reported_value(segment, result), SegmentDone, "result"))
                 if self.network_delay > 0:
                     threading.Timer(self.network_delay, self._publish, (report,)).start()
                 else:
