@@ -7,6 +7,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm_interfaces.qos import SERVER_STATUS_QOS
 
 from timely_llm.core.request import Status
+from timely_llm.engines.registry import engine_kind
 from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
@@ -77,7 +78,7 @@ class StatusReporter:
         return snap
 
     def _device(self) -> str:
-        if self._node.param("engine") == "sim":
+        if engine_kind(self._node.param("engine")).simulated:
             return f"simulated ({self._node.param('hw_profile')})"
         engine = self._node.server.engine if self._node.server is not None else None
         return str(getattr(engine, "device", "") or "")
