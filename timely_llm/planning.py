@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import TIMELYLLM, VLLM
 from timely_llm.core.request import Request, Segment
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
@@ -90,7 +91,7 @@ def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list
             on_segment(segment)
         driver.executed_at_once(request, segment)
 
-    config = ServerConfig("timelyllm" if segmented else "vllm", network_latency=0.0)
+    config = ServerConfig(TIMELYLLM.name if segmented else VLLM.name, network_latency=0.0)
     server = build_server(config, engine, robots, clock, on_segment=dispatched)
     requests = [server.submit(plan) for plan in plans]
     driver.run(server)

@@ -11,17 +11,6 @@ from pathlib import Path
 from timely_llm.errors import ConfigError
 from timely_llm.models import MODEL_NAMES
 
-POLICY_HELP = {
-    "vllm": "FCFS continuous batching; the whole plan is dispatched when it is complete",
-    "vllm-stream": "FCFS; each statement is dispatched as soon as it is generated, never paused",
-    "vllm-priority": "vLLM's priority scheduling (lower ERT first) with preemption; statements streamed",
-    "fcfs": "segmented: suspended after each segment, queued by arrival",
-    "edf": "segmented, queued by the first segment's deadline (arrival + ERT)",
-    "timelyllm": "segmented + PUD priority (Eq. 4) + latency-guided adaptive batch: the paper's system",
-    "isolated": "bench only: each request alone on an idle simulated server (the best it could get)",
-}
-
-
 DEFAULT_HW = "rtx4090-llama3-8b"
 
 

@@ -61,6 +61,7 @@ from timely_llm.core.features import Features
 from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
+from timely_llm.engines.registry import engines_help
 from timely_llm.engines.remote_settings import parameters as remote_parameters
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.engines.vllm_args import shipped_parameters
@@ -95,8 +96,7 @@ params file serves what the launch file serves (config/timely_llm.yaml is the on
 
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
-    "engine": (SHIPPED, "vllm (embedded vLLM), sim (calibrated simulator, needs trace_id goals) "
-                       "or remote (OpenAI-compatible servers at remote.url)"),
+    "engine": (SHIPPED, f"the engine: {engines_help()}"),
     "model": (SHIPPED, "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model), a directory "
                        "or a Hugging Face model id"),
     "kv_cache_gib": (SHIPPED, "engine vllm: KV cache size in GiB; 0 = vLLM sizes it (vllm.gpu_memory_utilization)"),
@@ -105,7 +105,7 @@ PARAMETERS: dict[str, tuple[object, str]] = {
                               "(name or YAML file from timely-llm profile); empty = hw_profile on sim, the shipped "
                               "SmolLM2 fit on vllm"),
     "skill_models": (SHIPPED, "skill-model YAML files; empty = the shipped ones"),
-    "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)}"),
+    "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)} (timely-llm --help says what each does)"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
     "max_batch": (SHIPPED, "batch cap: most generations at once, for the scheduler and the engine (vllm: vLLM's "
                            "max_num_seqs is this + 64 slots for paused ones; remote: at most remote.max_num_seqs x "

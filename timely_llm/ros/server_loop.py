@@ -59,8 +59,7 @@ class ServerLoop:
 def use_policy(policy: ServingPolicy, server: Server) -> None:
     """Another policy of the same serving mode and engine scheduling: only the queue's order differs, so switching
     between engine steps is safe for the requests in flight (LiveParameters refuses the others)."""
-    server.policy = policy
-    server.queue.policy = policy.queue_order(server.network_latency)
+    server.use_policy(policy)
 
 
 def set_max_new_tokens(value: int, server: Server) -> None:

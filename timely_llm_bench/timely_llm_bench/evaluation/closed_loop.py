@@ -24,6 +24,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.policies import TIMELYLLM
 from timely_llm.core.request import Outcome, Request, Status
 from timely_llm.core.tuf import TUF
 from timely_llm.plan.segmenter import Segmenter
@@ -59,7 +60,7 @@ class TaskRecord:
 
 
 def run_mode(mode: str, tasks: ClosedLoopTasks, workload: Workload, setup: EngineSetup, seed: int,
-             policy: str = "timelyllm") -> list[TaskRecord]:
+             policy: str = TIMELYLLM.name) -> list[TaskRecord]:
     """Serve ``workload`` one of the ``MODES`` ways; one record per task."""
     if mode == "resend":
         return _resend(tasks, workload, setup, seed, policy)

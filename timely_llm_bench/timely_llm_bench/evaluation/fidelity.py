@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from timely_llm.clock import VirtualClock, WallClock
+from timely_llm.core.policies import VLLM_STREAM
 from timely_llm.engines.base import Engine, GenerationSpec, StepOutput, Tokenizer
 from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.engines.sim import SimEngine
 from timely_llm.plan.skills import SkillModel
 from timely_llm.traces import TraceCatalog
@@ -27,7 +29,7 @@ from timely_llm_bench.evaluation.machine_load import MachineLoad, combined, load
 from timely_llm_bench.evaluation.peer_bench import StepLog, first_segment_times, floor_requests
 from timely_llm_bench.workloads.generator import Workload
 
-SIM = "sim"
+SIM = SIM_ENGINE.name
 SIM_STAND_IN = "sim, stand-in tokenizer"
 REAL = "vLLM"
 CATEGORIES = ("urgent", "normal", "arm")
@@ -112,7 +114,7 @@ def on_the_engine(engine: Engine, step_profile: HardwareProfile | None, workload
     """A warm-up (each task once, all at once: grammars compiled, the prompts cached), then ``rounds`` of every
     policy on ``engine`` in real time, every other round in reverse order."""
     warm = Workload("warm", workload.network_latency, tuple(replace(r, arrival=0.0) for r in floor_requests(workload)))
-    run_bench(warm, "vllm-stream", EngineSetup.real(REAL, engine), skills, catalog, seed, max_batch)
+    run_bench(warm, VLLM_STREAM.name, EngineSetup.real(REAL, engine), skills, catalog, seed, max_batch)
     runs = []
     for round_ in range(1, rounds + 1):
         for policy in policies if round_ % 2 else policies[::-1]:

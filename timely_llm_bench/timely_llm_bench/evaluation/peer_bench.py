@@ -32,9 +32,11 @@ from pathlib import Path
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.policies import TIMELYLLM, VLLM_STREAM
 from timely_llm.core.priority import request_priority
 from timely_llm.core.request import Outcome
 from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.registry import REMOTE_ENGINE, VLLM_ENGINE
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.segmenter import Segmenter
 from timely_llm.plan.skills import SkillModel
@@ -51,7 +53,7 @@ SERVE_CONFIGS = ("serve", "serve-priority")
 FLOOR = "floor"
 NODE_REMOTE = "node-remote"
 """The side of the node on the remote engine, driving the ``vllm serve`` the streaming robots used."""
-NODE_ENGINES = ("vllm", "remote")
+NODE_ENGINES = (VLLM_ENGINE.name, REMOTE_ENGINE.name)
 
 
 @dataclass(frozen=True)
@@ -472,13 +474,13 @@ class PeerBench:
     skills: dict[str, SkillModel]
     catalog: TraceCatalog
     serve_configs: tuple[str, ...] = ("serve",)
-    policies: tuple[str, ...] = ("timelyllm", "vllm-stream")
+    policies: tuple[str, ...] = (TIMELYLLM.name, VLLM_STREAM.name)
     rounds: int = 2
     port: int = 8765
     reserved_cpus: int | None = None
     log_dir: Path = Path(".")
     start_timeout: float = 900.0
-    node_engines: tuple[str, ...] = ("vllm",)
+    node_engines: tuple[str, ...] = (VLLM_ENGINE.name,)
     runs: list[Run] = field(default_factory=list)
     prompt_ids_match: bool | None = None
     """Whether the node's tokenizer gave every prompt the ids the robots sent ``vllm serve``."""
@@ -492,7 +494,7 @@ class PeerBench:
         for round_ in range(1, self.rounds + 1):
             for config in self.serve_configs:
                 self._serve_round(config, round_, progress)
-            if "vllm" in self.node_engines:
+            if VLLM_ENGINE.name in self.node_engines:
                 self._node_round(round_, progress)
         return self.runs
 
@@ -533,7 +535,7 @@ class PeerBench:
             self._record(Run(config, FLOOR, "tasks", round_, floor), progress)
             for run in runs:
                 self._record(run, progress)
-            if "remote" in self.node_engines and config == self.serve_configs[0]:
+            if REMOTE_ENGINE.name in self.node_engines and config == self.serve_configs[0]:
                 self._remote_round(server, floor, round_, progress)
         finally:
             server.close()
@@ -548,7 +550,7 @@ class PeerBench:
         engine = RemoteEngine(RemoteSettings((server.url,), tokenizer=self.engine.model_dir,
                                              max_num_seqs=self.engine.max_batch))
         try:
-            step_profile = estimator_profile(None, "vllm", self.engine.model, "")
+            step_profile = estimator_profile(None, False, self.engine.model, "")
             runs = []
             for workload in self.workloads:
                 for policy in self.policies:
@@ -577,12 +579,12 @@ class PeerBench:
             serve_ids = getattr(self, "_serve_ids", None)
             if serve_ids is not None:
                 self.prompt_ids_match = ids == serve_ids
-            step_profile = estimator_profile(None, "vllm", self.engine.model, "")
+            step_profile = estimator_profile(None, False, self.engine.model, "")
             floor = self._floor()
             warm = Workload("warm", 0.008, tuple(floor))
 
             def alone() -> list[RunRecord]:
-                return [rec for r in floor for rec in node_replay(engine, warm, [_at_zero(r)], "vllm-stream",
+                return [rec for r in floor for rec in node_replay(engine, warm, [_at_zero(r)], VLLM_STREAM.name,
                                                                   self.skills, self.catalog, self.engine)]
 
             passes = [alone(), alone()]  # the first compiles, fills the cache

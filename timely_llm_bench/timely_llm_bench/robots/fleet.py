@@ -24,6 +24,7 @@ from timely_llm_interfaces.rclpy_compat import spinning
 
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
+from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.errors import RunIncomplete
 from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.messages import optional_seconds
@@ -51,7 +52,7 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 
 
 @contextmanager
-def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = "sim",
+def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = SIM_ENGINE.name,
                 **params: object) -> Iterator:
     """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``; active unless ``autostart``
     is false (NodeStartError if its autostart fails). Its ``engine`` is sim unless given: what replays workloads'
