@@ -113,12 +113,14 @@ def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gi
     to stderr once the model and the arguments passed the checks made before vLLM loads (so a refusal there stays
     one line)."""
     from timely_llm.engines.vllm_args import EngineArgsError, engine_args, shipped_parameters
+    from timely_llm.engines.vllm_version import check_version
     from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
 
     try:
         check_if_hub_id(model or "")  # before vLLM's import: an unreachable Hub fails in seconds
     except ModelNotReachable as exc:
         raise ConfigError("--model", None, str(exc)) from None
+    check_version()  # VllmVersionError, a ConfigError: before vLLM's import (checking the arguments imports it)
     try:
         arguments = engine_args(_checked_vllm_args(pairs), options, source="")
     except EngineArgsError as exc:

