@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 
 from action_msgs.msg import GoalInfo, GoalStatus
-from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
 from rclpy.task import Future
 from timely_llm_interfaces.names import MAX_ID_CHARS, REQUEST_PLAN
 from timely_llm_interfaces.qos import action_server_qos
+from timely_llm_interfaces.rclpy_compat import CancelScreeningActionServer
 
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.errors import RequestRejected
@@ -62,7 +62,7 @@ class GoalDesk:
         """The ``request_plan`` action and the ``task_requests`` topic."""
         self.topics.open()
         self._action = OwnGoalsActionServer(self._node, RequestPlan, REQUEST_PLAN, execute_callback=_conclude,
-                                    on_refused_cancel=self._log.warn, callback_group=self._group,
+                                            on_refused_cancel=self._log.warn, callback_group=self._group,
                                     goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
                                     handle_accepted_callback=self._guarded(self._on_accepted),
                                     cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
@@ -244,28 +244,16 @@ class GoalDesk:
         return result
 
 
-class OwnGoalsActionServer(ActionServer):
+class OwnGoalsActionServer(CancelScreeningActionServer):
     """rclpy's ActionServer honouring only cancels that name one goal. ROS lets a CancelGoal request with a zero
     goal id cancel every goal (with a stamp: every goal accepted before it, whatever the id), so any one client
     could end every robot's plan; such a request is refused whole (``ERROR_REJECTED``, no goal canceling) and
-    ``on_refused_cancel(client, line)`` told. Which client sent it is not known: they share one throttle."""
+    ``on_refused_cancel(client, line)`` told. Which client sent it is not known: they share one throttle.
+    (The refusal rests on rclpy's private API: ``CancelScreeningActionServer``, in rclpy_compat.)"""
 
     def __init__(self, *args: object, on_refused_cancel: Callable[[str, str], None], **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self._on_refused_cancel = on_refused_cancel
-
-    async def _execute_cancel_request(self, request_header_and_message: tuple) -> None:
-        request_header, request = request_header_and_message
-        refused = cancel_scope_error(request.goal_info)
-        if refused is None:
-            await super()._execute_cancel_request(request_header_and_message)
-            return
-        self._on_refused_cancel("cancel requests", f"refused a cancel request: {refused}")
-        try:
-            self._handle.send_cancel_response(request_header, CancelGoal.Response(
-                return_code=CancelGoal.Response.ERROR_REJECTED))
-        except RuntimeError:  # rclpy's RCLError (a RuntimeError): the client went away
-            pass
+        super().__init__(*args, screen_cancel=cancel_scope_error, on_refused_cancel=lambda reason: on_refused_cancel(
+            "cancel requests", f"refused a cancel request: {reason}"), **kwargs)
 
 
 def cancel_scope_error(goal_info: GoalInfo) -> str | None:
