@@ -37,6 +37,11 @@ from vllm import LLMEngine
 
 from timely_llm.engines.vllm_version import check_version
 
+INTERNALS = ("engine_core", "_update_request_as_session", "_enqueue_waiting_request", "kv_cache_manager",
+             "next_decode_eligible_step")
+"""The names of vLLM's internals that no other Python file of the repository may name (test/test_vllm_adapter.py
+reads them from here, so that it names none itself)."""
+
 PAUSED = sys.maxsize
 """A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
 
