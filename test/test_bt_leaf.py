@@ -14,6 +14,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import py_trees
 import pytest
@@ -33,6 +34,7 @@ SCENE = {"red_box": "table", "blue_box": "table", "green_box": "shelf", "stack_b
 TICK_S = 0.02
 TREE_TIMEOUT_S = 120.0
 NS = "/patrol"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "robot-side.md"
 
 
 @pytest.fixture(autouse=True)
@@ -76,15 +78,18 @@ class Dock(py_trees.behaviour.Behaviour):
         return Status.SUCCESS
 
 
-def tick_until_done(root: py_trees.behaviour.Behaviour) -> Status:
-    """Tick the tree every TICK_S until its root ends (SUCCESS or FAILURE)."""
+def tick_until_done(root: py_trees.behaviour.Behaviour, done: Callable[[], bool] | None = None) -> Status:
+    """Tick the tree every TICK_S until its root ends (SUCCESS or FAILURE), or until ``done()`` if given."""
     tree = py_trees.trees.BehaviourTree(root)
     tree.setup(timeout=5.0)
     deadline = time.monotonic() + TREE_TIMEOUT_S
     while time.monotonic() < deadline:
         tree.tick()
-        if root.status in (Status.SUCCESS, Status.FAILURE):
-            return root.status
+        status = root.status
+        if done() if done else status in (Status.SUCCESS, Status.FAILURE):
+            if status == Status.RUNNING:
+                tree.interrupt()  # halts what still runs (the patrol route)
+            return status
         time.sleep(TICK_S)
     tree.interrupt()
     raise AssertionError(f"the tree still running after {TREE_TIMEOUT_S} s:\n{py_trees.display.unicode_tree(root)}")
@@ -168,3 +173,32 @@ def test_the_leaf_fails_without_a_task(robots: Callable) -> None:
     assert tick_until_done(leaf) == Status.FAILURE
     assert board("plan_status")["plan_status"] == "not sent"
     assert board("plan_reason")["plan_reason"] == f"no task: {NS}/task is not set and the leaf was given none"
+
+
+def docs_patrol_tree() -> Callable[..., py_trees.behaviour.Behaviour]:
+    """``patrol_tree`` of docs/robot-side.md's example: its first code block, run as a user would paste it."""
+    example = DOCS.read_text().split("\n## Example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(compile(example, str(DOCS), "exec"), scope)  # noqa: S102 - the docs' own example
+    return scope["patrol_tree"]
+
+
+def test_the_docs_patrol_tree_investigates_a_sighting_and_resumes_patrolling(session: tuple, link: object,
+                                                                             robots: Callable) -> None:
+    trace = load_catalog()[ARM_TRACE]
+    arm = RecordingArm()
+    root = docs_patrol_tree()(robots("bt_patrol", "arm", calls_runner(arm.execute_calls)))
+    for key, value in {"battery_low": False, "saw": True, "task": trace.prompt, "trace_id": trace.id}.items():
+        py_trees.blackboard.Blackboard.set(f"{NS}/{key}", value)
+    with server_node(session[1], session[0]):
+        assert link.wait_for_server()
+        tick_until_done(root, lambda: py_trees.blackboard.Blackboard.get(f"{NS}/saw") is False)
+    assert board("plan_status", "plan_reason") == {"plan_status": "succeeded", "plan_reason": ""}
+    assert ";".join(call for segment in arm.segments for call in segment) + ";" == trace.plan
+
+
+def test_every_code_block_of_the_robot_side_docs_compiles() -> None:
+    blocks = [block.split("```", 1)[0] for block in DOCS.read_text().split("```python\n")[1:]]
+    assert len(blocks) == 2
+    for block in blocks:
+        compile(block, str(DOCS), "exec")
