@@ -152,6 +152,21 @@ def test_a_preempting_branch_halts_the_leaf_and_the_goal_ends_canceled(session: 
     assert trace.plan.startswith(leaf.outcome.result.plan.replace("# true\n", "")), leaf.outcome.result.plan
 
 
+def test_a_leaf_halted_before_its_goal_is_accepted_cancels_it_once_accepted(session: tuple, link: object,
+                                                                              robots: Callable) -> None:
+    trace = load_catalog()[ARM_TRACE]
+    arm = RecordingArm()
+    leaf = AskTimelyLlm("ask timely_llm", robots("bt_arm", "arm", calls_runner(arm.execute_calls)), trace.prompt,
+                        namespace=NS, trace_id=trace.id)
+    with server_node(session[1], session[0]):
+        assert link.wait_for_server()
+        leaf.tick_once()  # sends the goal
+        leaf.stop(Status.INVALID)  # halted at once: the node has not answered yet
+        assert leaf.outcome.wait(TREE_TIMEOUT_S).status == "canceled", leaf.outcome.result.reason
+    assert board("plan_status")["plan_status"] == "preempted"
+    assert not arm.segments  # no segment of the canceled plan was executed
+
+
 def test_a_rejected_goal_ends_the_leaf_failed_with_the_reason(session: tuple, link: object,
                                                              robots: Callable) -> None:
     arm = RecordingArm()
