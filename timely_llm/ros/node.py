@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import rclpy
 import rclpy.executors
@@ -165,6 +166,12 @@ def _transition(during: str, success: str, failure: str) -> Callable:
     return wrap
 
 
+class Guard(Protocol):
+    """``TimelyLlmNode._guarded``, which the node's parts wrap their callbacks in."""
+
+    def __call__(self, callback: Callable, on_error: object = None) -> Callable: ...
+
+
 class NodeStartError(RuntimeError):
     """The node cannot start (a parameter out of range, no robot type installed), or its autostart failed."""
 
@@ -172,7 +179,7 @@ class NodeStartError(RuntimeError):
 class TimelyLlmNode(LifecycleNode):
     """The lifecycle and its parts: goal intake and delivery, robots' reports, status, live parameters."""
 
-    def __init__(self, **node_kwargs: object) -> None:
+    def __init__(self, **node_kwargs: Any) -> None:
         super().__init__("timely_llm_server", automatically_declare_parameters_from_overrides=True, **node_kwargs)
         self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
@@ -206,6 +213,10 @@ class TimelyLlmNode(LifecycleNode):
     def param(self, name: str):  # noqa: ANN201 - the parameter's value
         return self.get_parameter(name).value
 
+    def parameters_by_prefix(self, prefix: str) -> dict[str, Parameter]:
+        """rclpy's ``get_parameters_by_prefix``, whose annotation says parameter values where it returns Parameters."""
+        return self.get_parameters_by_prefix(prefix)  # type: ignore[return-value]
+
     @property
     def goal_rules(self) -> GoalRules | None:
         """What the next goal is checked against (None until configured)."""
@@ -234,7 +245,7 @@ class TimelyLlmNode(LifecycleNode):
         run fails configure. rclpy declares every parameter given at construction (the public way to see them);
         the node's own and the engines' are declared again here with their descriptors (and ranges)."""
         self.defaults = parameter_defaults()
-        given = self.get_parameters_by_prefix("")
+        given = self.parameters_by_prefix("")
         engine_args = {name: p.value for name, p in given.items()
                        if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults}
         for name, default in (self.defaults | engine_args).items():

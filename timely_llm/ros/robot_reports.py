@@ -6,6 +6,7 @@ a report without one ended, as far as the node knows, ``network_latency`` before
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm_interfaces.fields import oversized
@@ -18,6 +19,9 @@ from timely_llm.ros.server_loop import ServerLoop, abort, executed
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.server import Server
 
+if TYPE_CHECKING:
+    from timely_llm.ros.node import Guard, TimelyLlmNode
+
 WATCHDOG_PERIOD_S = 0.1
 MAX_REASON_CHARS = 200
 
@@ -25,7 +29,7 @@ MAX_REASON_CHARS = 200
 class RobotReports:
     """A report is checked against the ledger and queued for the loop; the watchdog ends what is overdue."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object) -> None:
+    def __init__(self, node: TimelyLlmNode, loop: ServerLoop, ledger: Ledger, guarded: Guard) -> None:
         self._node, self._loop, self._ledger = node, loop, ledger
         self._log = ThrottledLog(node.get_logger().warning)
         node.create_timer(WATCHDOG_PERIOD_S, guarded(self._check_watchdog),
