@@ -7,7 +7,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rclpy.parameter import Parameter
 
@@ -22,12 +22,10 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
 from timely_llm.ros.parameters import foreign_engine_parameters, foreign_engine_refusal
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import ServerNode
 from timely_llm.server import Server
 from timely_llm.serving import ServerConfig, build_server
 from timely_llm.traces import load_catalog
-
-if TYPE_CHECKING:
-    from timely_llm.ros.node import TimelyLlmNode
 
 CATEGORIES = tuple(DEFAULT_TUFS)
 LOAD_PROGRESS_S = 10.0
@@ -39,7 +37,7 @@ LOAD_POLL_S = 0.1
 class EngineLoader:
     """Builds the server from the node's parameters (``load``) and releases it (``release_later``)."""
 
-    def __init__(self, node: TimelyLlmNode, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
+    def __init__(self, node: ServerNode, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
         self._node, self._clock, self._desk, self._shutting_down = node, clock, desk, shutting_down
         self._param = node.param
         self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor

@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from action_msgs.msg import GoalInfo, GoalStatus
 from action_msgs.srv import CancelGoal
@@ -29,12 +28,10 @@ from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.messages import aborted_result, result_message, segment_message, status_name
 from timely_llm.ros.reports import instant
 from timely_llm.ros.server_loop import ServerLoop, cancel
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.ros.topic_requests import TopicRequests
 from timely_llm.server import PlanRequest, Server
-
-if TYPE_CHECKING:
-    from timely_llm.ros.node import Guard, TimelyLlmNode
 
 EXECUTING = "executing"
 """The outbox's word that a request's generation runs: its goal goes EXECUTING."""
@@ -43,7 +40,7 @@ EXECUTING = "executing"
 class GoalDesk:
     """Goals and topic requests from robots to the server loop; segments and ends from the Server to the robots."""
 
-    def __init__(self, node: TimelyLlmNode, loop: ServerLoop, ledger: Ledger, guarded: Guard,
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, guarded: Guard,
                  on_report: Callable[[str, SegmentDone], None]) -> None:
         """``on_report(agent, report)``: a report that came on ``agent``'s own topic (``robot_reports``)."""
         self._node, self._loop, self._ledger = node, loop, ledger

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
@@ -23,16 +23,14 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.parameters import refuse_while_configured
 from timely_llm.ros.server_loop import ServerLoop, set_max_new_tokens, use_policy
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.status import StatusReporter
-
-if TYPE_CHECKING:
-    from timely_llm.ros.node import Guard, TimelyLlmNode
 
 
 class LiveParameters:
     """The node's set-parameters callbacks: the check (any thread rclpy calls it on) and the post-set apply."""
 
-    def __init__(self, node: TimelyLlmNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, reporter: StatusReporter,
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, reporter: StatusReporter,
                  guarded: Guard) -> None:
         self._node, self._loop, self._ledger, self._desk, self._reporter = node, loop, ledger, desk, reporter
         apply = guarded(self._apply)

@@ -46,13 +46,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import rclpy
 import rclpy.executors
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from timely_llm_interfaces.rclpy_compat import spinning
@@ -77,6 +77,7 @@ from timely_llm.ros.live_parameters import LiveParameters
 from timely_llm.ros.parameters import CONFIGURE_TIME_PREFIXES, descriptor
 from timely_llm.ros.robot_reports import RobotReports
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import ServerNode
 from timely_llm.ros.status import StatusReporter
 from timely_llm.server import Server
 
@@ -166,17 +167,11 @@ def _transition(during: str, success: str, failure: str) -> Callable:
     return wrap
 
 
-class Guard(Protocol):
-    """``TimelyLlmNode._guarded``, which the node's parts wrap their callbacks in."""
-
-    def __call__(self, callback: Callable, on_error: object = None) -> Callable: ...
-
-
 class NodeStartError(RuntimeError):
     """The node cannot start (a parameter out of range, no robot type installed), or its autostart failed."""
 
 
-class TimelyLlmNode(LifecycleNode):
+class TimelyLlmNode(ServerNode):
     """The lifecycle and its parts: goal intake and delivery, robots' reports, status, live parameters."""
 
     def __init__(self, **node_kwargs: Any) -> None:
@@ -209,13 +204,6 @@ class TimelyLlmNode(LifecycleNode):
             self._started.set()
 
     # ----- setup -----
-
-    def param(self, name: str):  # noqa: ANN201 - the parameter's value
-        return self.get_parameter(name).value
-
-    def parameters_by_prefix(self, prefix: str) -> dict[str, Parameter]:
-        """rclpy's ``get_parameters_by_prefix``, whose annotation says parameter values where it returns Parameters."""
-        return self.get_parameters_by_prefix(prefix)  # type: ignore[return-value]
 
     @property
     def goal_rules(self) -> GoalRules | None:
@@ -317,11 +305,6 @@ class TimelyLlmNode(LifecycleNode):
     def trigger_cleanup(self) -> TransitionCallbackReturn:
         with self._transition_lock:
             return super().trigger_cleanup()
-
-    @property
-    def lifecycle_state(self) -> str:
-        """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
-        return self._state
 
     # ----- lifecycle -----
 

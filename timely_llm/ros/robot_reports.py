@@ -6,7 +6,6 @@ a report without one ended, as far as the node knows, ``network_latency`` before
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm_interfaces.fields import oversized
@@ -16,11 +15,9 @@ from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.reports import Executed, Instant, ReportRefused, instant
 from timely_llm.ros.server_loop import ServerLoop, abort, executed
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.server import Server
-
-if TYPE_CHECKING:
-    from timely_llm.ros.node import Guard, TimelyLlmNode
 
 WATCHDOG_PERIOD_S = 0.1
 MAX_REASON_CHARS = 200
@@ -29,7 +26,7 @@ MAX_REASON_CHARS = 200
 class RobotReports:
     """A report is checked against the ledger and queued for the loop; the watchdog ends what is overdue."""
 
-    def __init__(self, node: TimelyLlmNode, loop: ServerLoop, ledger: Ledger, guarded: Guard) -> None:
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, guarded: Guard) -> None:
         self._node, self._loop, self._ledger = node, loop, ledger
         self._log = ThrottledLog(node.get_logger().warning)
         node.create_timer(WATCHDOG_PERIOD_S, guarded(self._check_watchdog),

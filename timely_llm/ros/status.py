@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm_interfaces.qos import SERVER_STATUS_QOS
@@ -14,10 +12,8 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.server import Server
-
-if TYPE_CHECKING:
-    from timely_llm.ros.node import Guard, TimelyLlmNode
 
 DIAGNOSTICS_PERIOD_S = 1.0
 
@@ -25,7 +21,7 @@ DIAGNOSTICS_PERIOD_S = 1.0
 class StatusReporter:
     """Publishes what the node serves with and how loaded it is; reads the Server under its lock, briefly."""
 
-    def __init__(self, node: TimelyLlmNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: Guard) -> None:
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: Guard) -> None:
         self._node, self._loop, self._ledger, self._desk = node, loop, ledger, desk
         self._engine_name = ""
         self._kv_blocks = -1
