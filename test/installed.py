@@ -48,7 +48,7 @@ def _top_level_imports(path: Path) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names if _is_module(f"{node.module}.{alias.name}")]
+            names += [full for alias in node.names if _is_module(full := f"{node.module}.{alias.name}")]
     return names
 
 

@@ -64,7 +64,7 @@ def task_prompt(catalog: TraceCatalog, robot: str, task: str) -> str:
 
 def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
                   segmented: bool = True, constrained: bool = True, max_new_tokens: int = DEFAULT_PLAN_TOKENS,
-                  on_segment: Callable[[Segment], None] | None = None) -> GeneratedPlan:
+                  on_segment: Callable[[Segment], object] | None = None) -> GeneratedPlan:
     """Generate one plan on ``engine``; ``on_segment`` sees each segment the moment it is cut.
 
     The robot is taken to execute each segment instantly, so only generation is timed.
@@ -78,7 +78,7 @@ def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
 
 
 def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list[PlanRequest], *, segmented: bool,
-                      on_segment: Callable[[Segment], None] | None = None) -> list[Request]:
+                      on_segment: Callable[[Segment], object] | None = None) -> list[Request]:
     """``plans`` submitted at once and generated to their end, segmented (policy ``timelyllm``) or straight
     through (``vllm``); the robots execute each segment the moment it is cut (``on_segment`` sees it then). No
     robot is there to report a value, so blocking skills are served as any other: the plan as the model writes it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from timely_llm.errors import ConfigError
@@ -106,7 +107,8 @@ def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 
 def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gib: float | None = None,
-                 announce: str = "", max_batch: int | None = None, **options: tuple[str, object]):  # noqa: ANN202
+                 announce: str = "", max_batch: int | None = None,
+                 options: Mapping[str, tuple[str, object]] | None = None):  # noqa: ANN202
     """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
     ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
     ``kv_cache_gib`` and the batch cap ``max_batch`` (--max-batch): the shipped ones unless given. ``announce`` goes
@@ -122,7 +124,7 @@ def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gi
         raise ConfigError("--model", None, str(exc)) from None
     check_version()  # VllmVersionError, a ConfigError: before vLLM's import (checking the arguments imports it)
     try:
-        arguments = engine_args(_checked_vllm_args(pairs), options, source="")
+        arguments = engine_args(_checked_vllm_args(pairs), options or {}, source="")
     except EngineArgsError as exc:
         raise ConfigError("--vllm-arg", None, str(exc)) from None
     if announce:

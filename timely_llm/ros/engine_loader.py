@@ -7,6 +7,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from rclpy.parameter import Parameter
 
@@ -21,6 +22,7 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
 from timely_llm.ros.parameters import foreign_engine_parameters, foreign_engine_refusal
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import ServerNode
 from timely_llm.server import Server
 from timely_llm.serving import ServerConfig, build_server
 from timely_llm.traces import load_catalog
@@ -35,7 +37,7 @@ LOAD_POLL_S = 0.1
 class EngineLoader:
     """Builds the server from the node's parameters (``load``) and releases it (``release_later``)."""
 
-    def __init__(self, node: object, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
+    def __init__(self, node: ServerNode, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
         self._node, self._clock, self._desk, self._shutting_down = node, clock, desk, shutting_down
         self._param = node.param
         self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor
@@ -136,7 +138,7 @@ class EngineLoader:
         """ValueError naming the parameters of another engine than this node's, set to other than their default."""
         engine, node = self._param("engine"), self._node
         values = {f"{prefix}{name}": p.value for prefix in ENGINE_PREFIXES.values()
-                  for name, p in node.get_parameters_by_prefix(prefix.rstrip(".")).items()}
+                  for name, p in node.parameters_by_prefix(prefix.rstrip(".")).items()}
         foreign = foreign_engine_parameters(engine, values, node.defaults)
         if foreign:
             raise ValueError(foreign_engine_refusal(engine, foreign))
@@ -158,13 +160,13 @@ class EngineLoader:
     def _make_engine(self, config: ServerConfig) -> Engine:
         """The engine the ``engine`` parameter names, built by its registry entry (``engines/registry.py``)."""
         kind = engine_kind(self._param("engine"))
-        own = self._node.get_parameters_by_prefix(kind.section) if kind.section else {}
+        own = self._node.parameters_by_prefix(kind.section) if kind.section else {}
         set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
         return kind.factory(EngineSettings(self._param, {n: p.value for n, p in own.items()}, config.max_batch,
                                            set_by_policy))
 
 
-def default_tufs(param: Callable[[str], object]) -> dict[str, TUF]:
+def default_tufs(param: Callable[[str], Any]) -> dict[str, TUF]:
     """The default TUF of each category, from the ``tuf.<category>.<field>`` parameters."""
     return {c: TUF(*(param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta"))) for c in CATEGORIES}
 

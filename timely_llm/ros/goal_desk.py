@@ -28,6 +28,7 @@ from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.messages import aborted_result, result_message, segment_message, status_name
 from timely_llm.ros.reports import instant
 from timely_llm.ros.server_loop import ServerLoop, cancel
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.ros.topic_requests import TopicRequests
 from timely_llm.server import PlanRequest, Server
@@ -39,7 +40,7 @@ EXECUTING = "executing"
 class GoalDesk:
     """Goals and topic requests from robots to the server loop; segments and ends from the Server to the robots."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object,
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, guarded: Guard,
                  on_report: Callable[[str, SegmentDone], None]) -> None:
         """``on_report(agent, report)``: a report that came on ``agent``'s own topic (``robot_reports``)."""
         self._node, self._loop, self._ledger = node, loop, ledger
@@ -82,7 +83,7 @@ class GoalDesk:
     def _on_goal(self, goal: RequestPlan.Goal) -> GoalResponse:
         try:
             self._check_serving()
-            plan = plan_from_goal(goal, "", self.rules)
+            plan = plan_from_goal(goal, "", self._rules())
             too_many = self.agents.admit(goal.agent_id)
             if too_many:
                 raise RequestRejected(too_many)
@@ -97,13 +98,18 @@ class GoalDesk:
         if not self.serving:
             raise RequestRejected("server is not active")
 
+    def _rules(self) -> GoalRules:
+        if self.rules is None:  # set at configure, before the node serves
+            raise RequestRejected("server is not configured")
+        return self.rules
+
     def _on_accepted(self, goal_handle) -> None:  # noqa: ANN001 - rclpy ServerGoalHandle
         request_id = goal_handle.goal_id.uuid.tobytes().hex()
         checked, self._checked = self._checked, None
         goal = goal_handle.request
         self._ledger.open(request_id, goal.agent_id, not goal.no_execution_reports, goal_handle)
         try:
-            plan = checked[1] if checked and checked[0] == id(goal) else plan_from_goal(goal, "", self.rules)
+            plan = checked[1] if checked and checked[0] == id(goal) else plan_from_goal(goal, "", self._rules())
         except RequestRejected as exc:
             self.end_unserved(request_id, str(exc))
             return
@@ -113,7 +119,7 @@ class GoalDesk:
     def _start_topic_request(self, request: TaskRequest, request_id: str) -> None:
         """Serve a task request from the topic as a goal is served; RequestRejected says why it cannot be."""
         self._check_serving()
-        plan = plan_from_goal(request, request_id, self.rules)
+        plan = plan_from_goal(request, request_id, self._rules())
         self._ledger.open(request_id, request.agent_id, not request.no_execution_reports)
         self._loop.send(functools.partial(self._submit, dataclasses.replace(plan, arrival=self._loop.clock.now())))
 
@@ -210,8 +216,8 @@ class GoalDesk:
             if isinstance(item, RequestPlan.Feedback):
                 goal_handle.publish_feedback(item)
             elif goal_handle.status == GoalStatus.STATUS_ACCEPTED:  # not CANCELING
-                self._running[request_id] = ended = Future()
-                goal_handle.execute(functools.partial(self._conclude_when_ended, ended))
+                self._running[request_id] = waiting = Future()
+                goal_handle.execute(functools.partial(self._conclude_when_ended, waiting))
             return
         goal_handle = self._ledger.to_conclude(request_id)
         if goal_handle is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from timely_llm_interfaces.fields import oversized
 from timely_llm_interfaces.names import MAX_ID_CHARS, agent_id_error
@@ -21,7 +22,7 @@ MAX_ERT_S = 3600.0
 MAX_TUF_SLOPE = 1e6
 MAX_TUF_BETA = 1e6
 
-Goal = RequestPlan.Goal | TaskRequest
+Goal: TypeAlias = RequestPlan.Goal | TaskRequest
 """A request from either interface: the action's goal or the topic's message."""
 
 

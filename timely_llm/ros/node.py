@@ -46,12 +46,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import rclpy
 import rclpy.executors
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from timely_llm_interfaces.rclpy_compat import spinning
@@ -76,6 +77,7 @@ from timely_llm.ros.live_parameters import LiveParameters
 from timely_llm.ros.parameters import CONFIGURE_TIME_PREFIXES, descriptor
 from timely_llm.ros.robot_reports import RobotReports
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import ServerNode
 from timely_llm.ros.status import StatusReporter
 from timely_llm.server import Server
 
@@ -169,10 +171,10 @@ class NodeStartError(RuntimeError):
     """The node cannot start (a parameter out of range, no robot type installed), or its autostart failed."""
 
 
-class TimelyLlmNode(LifecycleNode):
+class TimelyLlmNode(ServerNode):
     """The lifecycle and its parts: goal intake and delivery, robots' reports, status, live parameters."""
 
-    def __init__(self, **node_kwargs: object) -> None:
+    def __init__(self, **node_kwargs: Any) -> None:
         super().__init__("timely_llm_server", automatically_declare_parameters_from_overrides=True, **node_kwargs)
         self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
@@ -203,9 +205,6 @@ class TimelyLlmNode(LifecycleNode):
 
     # ----- setup -----
 
-    def param(self, name: str):  # noqa: ANN201 - the parameter's value
-        return self.get_parameter(name).value
-
     @property
     def goal_rules(self) -> GoalRules | None:
         """What the next goal is checked against (None until configured)."""
@@ -234,7 +233,7 @@ class TimelyLlmNode(LifecycleNode):
         run fails configure. rclpy declares every parameter given at construction (the public way to see them);
         the node's own and the engines' are declared again here with their descriptors (and ranges)."""
         self.defaults = parameter_defaults()
-        given = self.get_parameters_by_prefix("")
+        given = self.parameters_by_prefix("")
         engine_args = {name: p.value for name, p in given.items()
                        if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults}
         for name, default in (self.defaults | engine_args).items():
@@ -306,11 +305,6 @@ class TimelyLlmNode(LifecycleNode):
     def trigger_cleanup(self) -> TransitionCallbackReturn:
         with self._transition_lock:
             return super().trigger_cleanup()
-
-    @property
-    def lifecycle_state(self) -> str:
-        """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
-        return self._state
 
     # ----- lifecycle -----
 

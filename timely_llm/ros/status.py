@@ -12,6 +12,7 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.server import Server
 
 DIAGNOSTICS_PERIOD_S = 1.0
@@ -20,7 +21,7 @@ DIAGNOSTICS_PERIOD_S = 1.0
 class StatusReporter:
     """Publishes what the node serves with and how loaded it is; reads the Server under its lock, briefly."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: object) -> None:
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: Guard) -> None:
         self._node, self._loop, self._ledger, self._desk = node, loop, ledger, desk
         self._engine_name = ""
         self._kv_blocks = -1

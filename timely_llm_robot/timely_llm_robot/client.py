@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from rclpy.action import ActionClient
 from rclpy.action.client import ClientGoalHandle
@@ -39,9 +39,12 @@ class Urgency(Protocol):
     """A goal's time-utility function, TUF(t) = min(beta, alpha * (t - ert) + beta): the node's
     ``timely_llm.core.tuf.TUF``, or any object with these three fields (ert in seconds)."""
 
-    ert: float
-    alpha: float
-    beta: float
+    @property
+    def ert(self) -> float: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def beta(self) -> float: ...
 
 
 
@@ -77,7 +80,7 @@ class TaskOutcome:
     exec_time: float = 0.0
     result_after_segments: bool = True
     """False if the result came before every segment of the plan had arrived."""
-    goal_handle: object = None
+    goal_handle: ClientGoalHandle | None = None
     cancel_requested: bool = False
     """The robot asked to cancel it: its segments not yet started are not executed."""
     finished: Future = field(default_factory=Future)
@@ -144,14 +147,27 @@ class PlanLink:
         return self.action.wait_for_server(timeout_sec=timeout_s)
 
 
-class RobotClient:
+class RobotLink(Protocol):
+    """What a robot requests its plans through: its node, and the way to the server (``PlanLink``'s action, a
+    topic in ``timely_llm_robot.topic_client``)."""
+
+    @property
+    def node(self) -> Node: ...
+
+    def wait_for_server(self, timeout_s: float = 30.0) -> bool: ...
+
+
+LinkT = TypeVar("LinkT", bound=RobotLink)
+
+
+class RobotClient(Generic[LinkT]):
     """One robot: requests plans and executes them; ``report=False`` makes a robot that never reports.
 
     ``network_delay`` emulates a one-way network latency (on loopback DDS there is next to none):
     a segment starts that long after it arrives, and its report leaves that long after it ends.
     """
 
-    def __init__(self, link: PlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,
+    def __init__(self, link: LinkT, agent_id: str, robot_type: str, runner: SegmentRunner,
                  report: bool = True, network_delay: float = 0.0) -> None:
         self.link = link
         self.network_delay = network_delay
@@ -168,8 +184,9 @@ class RobotClient:
         self._worker = threading.Thread(target=self._execute_loop, name=f"robot-{agent_id}", daemon=True)
         self._worker.start()
 
-    def request(self, task: str, tuf: Urgency | None = None, trace_id: int = 0, max_new_tokens: int = 0,
-                label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
+    def request(self: RobotClient[PlanLink], task: str, tuf: Urgency | None = None, trace_id: int = 0,
+                max_new_tokens: int = 0, label: str = "", keep_if_infeasible: bool = False,
+                overrun_strategy: str = "") -> TaskOutcome:
         """Send a goal (``tuf=None``: the server's default for its category; ``overrun_strategy``: ``none`` or
         empty, ``kill``, ``skip-next``); ``wait()`` on what it returns."""
         ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
@@ -185,7 +202,7 @@ class RobotClient:
         sent.add_done_callback(lambda f: self._on_response(outcome, f.result()))
         return outcome
 
-    def cancel(self, outcome: TaskOutcome) -> None:
+    def cancel(self: RobotClient[PlanLink], outcome: TaskOutcome) -> None:
         """Ask the server to cancel a task; its result then says canceled. Sent at once if the goal was accepted,
         else as soon as it is (a behaviour tree may halt a request the tick after sending it). Segments of the
         task not yet started are not executed; one already running finishes."""
@@ -202,7 +219,8 @@ class RobotClient:
             self._worker.join()
         self.link.node.destroy_publisher(self.done_pub)
 
-    def _on_response(self, outcome: TaskOutcome, goal_handle) -> None:  # noqa: ANN001 - ClientGoalHandle
+    def _on_response(self: RobotClient[PlanLink], outcome: TaskOutcome,
+                     goal_handle: ClientGoalHandle) -> None:
         outcome.goal_handle = goal_handle
         outcome.accepted = goal_handle.accepted
         if not goal_handle.accepted:

@@ -46,7 +46,7 @@ class TopicPlanLink:
         return True
 
 
-class TopicRobotClient(RobotClient):
+class TopicRobotClient(RobotClient[TopicPlanLink]):
     """One robot on the topic interface; the same ``request``/``wait`` use as :class:`RobotClient`."""
 
     def __init__(self, link: TopicPlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,

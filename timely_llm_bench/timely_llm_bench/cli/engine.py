@@ -180,8 +180,8 @@ def _fidelity(args: argparse.Namespace) -> int:
           "at the start", flush=True)
     _quiet_vllm_logging()
     with _stdout_to_stderr():
-        engine = _vllm_engine(args.model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
-                              scheduling_policy=("--policies", ENGINE_FCFS))
+        engine = _vllm_engine(args.model, args.vllm_arg, max_batch=args.max_batch,
+                              options={"seed": ("--seed", args.seed), "scheduling_policy": ("--policies", ENGINE_FCFS)})
     try:
         print("engine ready; warming up, then the real runs", flush=True)
         runs = fidelity.on_the_engine(engine, estimator_profile(None, False, args.model, ""), workload, policies,

@@ -8,7 +8,7 @@ import json
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from timely_llm.cli.common import (
     _add_vllm_arg,
@@ -207,7 +207,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_node_params(args: argparse.Namespace, max_batch: int, generate: bool) -> dict[str, object]:
+def _demo_node_params(args: argparse.Namespace, max_batch: int, generate: bool) -> dict[str, Any]:
     """The node's parameters for every policy's run."""
     params: dict[str, object] = {"max_batch": max_batch}
     if args.engine == VLLM_ENGINE.name:
@@ -222,7 +222,7 @@ def _demo_node_params(args: argparse.Namespace, max_batch: int, generate: bool) 
 
 
 def _demo_runs(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel],
-               node_params: dict[str, object], generate: bool) -> tuple[dict[str, list[dict]], dict[str, list]]:
+               node_params: dict[str, Any], generate: bool) -> tuple[dict[str, list[dict]], dict[str, list]]:
     """Each policy's run, a fresh node each, in turns that alternate their order by round: (records, loads) by
     policy."""
     from timely_llm_bench.evaluation.machine_load import measured

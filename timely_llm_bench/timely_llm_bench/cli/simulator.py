@@ -110,8 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError("--estimator-profile", None, str(exc)) from None
         _quiet_vllm_logging()
         set_by_policy = {name: ("--policy", value) for name, value in config.vllm_args().items()}
-        engine = _vllm_engine(model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
-                              **set_by_policy)
+        engine = _vllm_engine(model, args.vllm_arg, max_batch=args.max_batch,
+                              options={"seed": ("--seed", args.seed), **set_by_policy})
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
         setup = dataclasses.replace(EngineSetup.simulator(profile, args.suspend_in_place), profile=step_model)
@@ -371,7 +371,8 @@ def _closed_loop_setups(args: argparse.Namespace) -> list:
         raise ConfigError("--suspend-in-place", None, "applies to --engine sim (vLLM always suspends in place)")
     model = args.model or DEFAULT_MODEL
     _quiet_vllm_logging()
-    engine = _vllm_engine(model, [], seed=("--seed", args.seed), scheduling_policy=("--engine vllm", ENGINE_FCFS))
+    engine = _vllm_engine(model, [], options={"seed": ("--seed", args.seed),
+                                              "scheduling_policy": ("--engine vllm", ENGINE_FCFS)})
     return [EngineSetup.real(f"vllm:{model}", engine, estimator_profile(None, False, model, DEFAULT_HW))]
 
 

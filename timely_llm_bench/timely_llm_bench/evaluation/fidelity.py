@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.policies import VLLM_STREAM
@@ -88,7 +89,8 @@ def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, pr
            max_batch: int | None, round_: int = 1) -> FidelityRun:
     """``workload`` under ``policy`` on ``engine`` through the bench harness, every step recorded."""
     recording = RecordingEngine(engine, clock)
-    setup = EngineSetup(engine_name, lambda: recording, lambda: clock, profile)
+    # a proxy of the engine (StepLog: what it does not record, it hands to the engine), so an Engine to the server
+    setup = EngineSetup(engine_name, lambda: cast(Engine, recording), lambda: clock, profile)
     with measured() as meter:
         result = run_bench(workload, policy, setup, skills, catalog, seed, max_batch)
     log = {"steps": recording.steps, "starts": recording.starts, "suspends": recording.suspends,
@@ -197,8 +199,9 @@ def _ms(durations: list[float]) -> str:
 def load_lines(runs: list[FidelityRun]) -> list[str]:
     """The machine during each policy's real runs (rounds combined), and whether the loads allow comparing."""
     loads: dict[str, list[MachineLoad]] = {}
-    for run in (r for r in runs if r.load):
-        loads.setdefault(run.policy, []).append(run.load)
+    for run in runs:
+        if run.load:
+            loads.setdefault(run.policy, []).append(run.load)
     merged = {policy: combined(found) for policy, found in loads.items()}
     lines = [f"{REAL} {policy}: {load.describe()}" for policy, load in merged.items()]
     return lines + ([load_verdict(merged) or "the real runs saw comparable loads"] if merged else [])

@@ -105,6 +105,7 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
         setup = EngineSetup.simulator(setup)
+    counters: dict[str, int]
     if policy == ISOLATED:
         if setup.new_clock is not VirtualClock:
             raise ValueError(f"policy {ISOLATED!r} replays each request alone and needs the simulator engine")

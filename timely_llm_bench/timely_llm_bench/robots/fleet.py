@@ -171,7 +171,7 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     INFEASIBLE_REASON) was told when its result came; the node's result gives the best response it could
     still have had then."""
     result = outcome.result
-    shed = outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
+    shed = result is not None and outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
     record = {"id": request.id, "agent": request.agent, "trace": request.trace,
               "category": catalog[request.trace].category, "arrival": request.arrival, "tuf": request.tuf.to_dict(),
               "status": outcome.status, "reason": result.reason if result else "goal rejected",
@@ -183,7 +183,7 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     waiting = record["waiting_time"]
     record["completion_time"] = None if waiting is None else waiting + outcome.exec_time
     record["shed"] = shed
-    record["infeasible_at"] = outcome.ended_at - start if shed else None
+    record["infeasible_at"] = outcome.ended_at - start if shed and outcome.ended_at is not None else None
     record["best_response"] = response if shed else None
     return record
 
