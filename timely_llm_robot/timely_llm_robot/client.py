@@ -14,6 +14,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -147,11 +148,15 @@ class RobotClient:
 
     ``network_delay`` emulates a one-way network latency (on loopback DDS there is next to none):
     a segment starts that long after it arrives, and its report leaves that long after it ends.
+    ``on_end`` is called with each task's outcome once it ends (result or rejection), on the node's executor: an
+    executor that drives a real robot stops what the task still has in flight there (see ``executors.nav2``).
     """
 
     def __init__(self, link: PlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,
-                 report: bool = True, network_delay: float = 0.0) -> None:
+                 report: bool = True, network_delay: float = 0.0,
+                 on_end: Callable[[TaskOutcome], None] | None = None) -> None:
         self.link = link
+        self.on_end = on_end
         self.network_delay = network_delay
         self.agent_id = agent_id
         self.robot_type = robot_type
@@ -200,8 +205,7 @@ class RobotClient:
         outcome.goal_handle = goal_handle
         outcome.accepted = goal_handle.accepted
         if not goal_handle.accepted:
-            outcome.ended_at = time.monotonic()
-            outcome.finished.set_result(outcome)
+            self._ended(outcome)
             return
         self.link.action.get_result_async(goal_handle).add_done_callback(
             lambda f: self._on_result(outcome, f.result()))
@@ -209,8 +213,15 @@ class RobotClient:
     def _on_result(self, outcome: TaskOutcome, response) -> None:  # noqa: ANN001 - GetResult response
         outcome.result = response.result
         outcome.result_after_segments = len(outcome.segments) == response.result.num_segments
+        self._ended(outcome)
+
+    def _ended(self, outcome: TaskOutcome) -> None:
         outcome.ended_at = time.monotonic()
-        outcome.finished.set_result(outcome)
+        try:
+            if self.on_end is not None:
+                self.on_end(outcome)
+        finally:
+            outcome.finished.set_result(outcome)
 
     def _on_feedback(self, outcome: TaskOutcome, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
         if feedback.feedback.infeasible and outcome.infeasible_at is None:
