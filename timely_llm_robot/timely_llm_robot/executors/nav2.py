@@ -135,8 +135,12 @@ class Nav2Bridge:
             self._request_id = segment.request_id
             ended = self._ended.get(segment.request_id, "")
         if ended:
-            return SegmentResult(False, f"not run: the task ended ({ended}) before this segment", 0.0)
-        return self.execute_calls([(call.name, list(call.args)) for call in segment.skills])
+            return SegmentResult(False, f"not run: {ended}", 0.0)
+        result = self.execute_calls([(call.name, list(call.args)) for call in segment.skills])
+        if not result.success:  # the plan stops here: the node ends the task on this report
+            with self._lock:
+                self._ended.setdefault(segment.request_id, f"segment {segment.index} of the task failed")
+        return result
 
     def execute_calls(self, calls: CallList) -> SegmentResult:
         """Run skill calls in order, stopping at the first failure."""
@@ -163,10 +167,10 @@ class Nav2Bridge:
         ended = f"{outcome.status}: {outcome.result.reason}" if outcome.result and outcome.result.reason \
             else outcome.status
         with self._lock:
-            self._ended.update((segment.request_id, ended) for segment in outcome.segments)
+            self._ended.update((segment.request_id, f"the task ended ({ended})") for segment in outcome.segments)
             flight = self._flight
         if flight is not None and flight.request_id in self._ended:
-            self._cancel(flight, f"the task ended ({ended})")
+            self._cancel(flight, self._ended[flight.request_id])
 
     def close(self) -> None:
         """Destroy the action clients (a goal in flight is canceled first)."""
@@ -220,7 +224,7 @@ class Nav2Bridge:
             ended = self._ended.get(flight.request_id, "")
         try:
             if ended:
-                self._cancel(flight, f"the task ended ({ended})")
+                self._cancel(flight, ended)
             result = flight.client.get_result_async(flight.handle)
             if not self._wait(result, deadline, flight) and not flight.stopped:
                 self._cancel(flight, "timed out")
