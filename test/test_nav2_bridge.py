@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -160,6 +163,23 @@ def test_a_call_over_its_timeout_fails_saying_so_and_cancels_its_nav2_goal(
     assert reason(outcome) == ("robot failed segment 0: go_to('kitchen'): timed out after 0.5 s (go_to's per-call "
                                "timeout); Nav2 goal canceled")
     assert fake.goals("navigate_to_pose")[0].cancel_requested
+
+
+def test_the_example_robot_runs_a_plan_on_nav2(
+        nav2_types: None, mobile_trace: Trace, session: tuple, ros_domain: int, link: object,
+        places_file: Path) -> None:
+    """python -m timely_llm_robot.nav2_robot, as docs/robot-side.md runs it, in a process of its own."""
+    env = {**os.environ, "ROS_DOMAIN_ID": str(ros_domain)}
+    with fake_nav2(ros_domain, lambda action, goal: Answer(seconds=0.1)) as fake, \
+            server_node(session[1], session[0]):
+        done = subprocess.run([sys.executable, "-m", "timely_llm_robot.nav2_robot", "--places", str(places_file),
+                               "--task", TRACE.prompt, "--trace-id", str(TRACE.id), "--dock-id", "home_dock",
+                               "--timeout", "go_to=60", "--result-timeout", "120"],
+                              env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("succeeded\n"), done.stdout
+    assert [g.goal.pose.pose.position.x for g in fake.goals("navigate_to_pose")] == [PLACES[p]["x"] for p in IN_ORDER]
+    assert len(fake.goals("dock_robot")) == 1
 
 
 MALFORMED = {
