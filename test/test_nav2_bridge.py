@@ -216,3 +216,21 @@ def test_the_bridge_refuses_a_malformed_places_file_before_it_talks_to_nav2(
         Nav2Bridge(link.node, path)
     with pytest.raises(PlacesError, match=r"^places file .*missing\.yaml: cannot read it: No such file or directory$"):
         load_places(tmp_path / "missing.yaml")
+
+
+def test_nav2s_reasons_read_its_result_and_status(nav2_types: None) -> None:
+    from action_msgs.msg import GoalStatus
+    from nav2_msgs.action import DockRobot, NavigateToPose, UndockRobot
+
+    from timely_llm_robot.executors.nav2 import nav2_failure
+
+    assert nav2_failure("go_to('a')", NavigateToPose, GoalStatus.STATUS_SUCCEEDED, NavigateToPose.Result()) == ""
+    assert nav2_failure("dock", DockRobot, GoalStatus.STATUS_SUCCEEDED, DockRobot.Result(
+        success=False, error_code=905)) == "dock: Nav2 DockRobot reported failure: error 905 FAILED_TO_CONTROL"
+    assert nav2_failure("go_to('a')", NavigateToPose, GoalStatus.STATUS_CANCELED, NavigateToPose.Result()) == \
+        "go_to('a'): Nav2 NavigateToPose canceled by Nav2"
+    assert nav2_failure("undock", UndockRobot, GoalStatus.STATUS_ABORTED, UndockRobot.Result(
+        success=False, error_code=1234)) == "undock: Nav2 UndockRobot aborted: error 1234"
+    humble = object()  # Humble's NavigateToPose result: std_msgs/Empty, no error fields
+    assert nav2_failure("go_to('a')", NavigateToPose, GoalStatus.STATUS_ABORTED, humble) == \
+        "go_to('a'): Nav2 NavigateToPose aborted"

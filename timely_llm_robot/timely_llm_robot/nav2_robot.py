@@ -8,7 +8,8 @@ base here (:class:`SimulatedMobileBase`: replace ``fallback`` with your robot's 
 
     python -m timely_llm_robot.nav2_robot --places places.yaml \\
         --task "Scene: [kitchen, dock], Task: Check the kitchen, then go charge." [--dock-id home_dock] \\
-        [--timeout go_to=120] [--agent-id base_1] [--trace-id N (a node on the sim engine)] [--ros-args ...]
+        [--timeout go_to=120] [--nav2-namespace /robot1] [--agent-id base_1] [--trace-id N (the sim engine)] \
+        [--ros-args ...]
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dock-type", default="", help="Nav2's dock plugin type, where there are several")
     parser.add_argument("--timeout", type=timeout_arg, action="append", default=[], metavar="SKILL=SECONDS",
                         help="per-call timeout of a Nav2 skill (go_to, dock, undock); repeatable")
+    parser.add_argument("--nav2-namespace", default="", help="Nav2's namespace, if not this node's (/robot1)")
     parser.add_argument("--trace-id", type=int, default=0, help="an LRTrace plan to replay (the sim engine)")
     parser.add_argument("--result-timeout", type=float, default=3600.0, help="seconds to wait for the result")
     return parser.parse_args(argv)
@@ -57,10 +59,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(node: Node, args: argparse.Namespace) -> TaskOutcome | None:
     """Request the plan and execute it; the outcome, or None if the node did not answer in time."""
-    from timely_llm_robot.executors.nav2 import Nav2Bridge
+    from timely_llm_robot.executors.nav2 import ACTIONS, Nav2Bridge
 
+    names = {skill: f"{args.nav2_namespace.rstrip('/')}/{name}" for skill, (name, _) in ACTIONS.items()} \
+        if args.nav2_namespace else None
     bridge = Nav2Bridge(node, args.places, fallback=SimulatedMobileBase().dispatch, timeouts=dict(args.timeout),
-                        dock_id=args.dock_id, dock_type=args.dock_type)
+                        dock_id=args.dock_id, dock_type=args.dock_type, action_names=names)
     link = PlanLink(node)
     robot = RobotClient(link, args.agent_id, args.robot_type, bridge, on_end=bridge.task_ended)
     try:
