@@ -46,6 +46,8 @@ SERVER_WAIT_S = 5.0
 CANCEL_WAIT_S = 10.0
 """How long a call the bridge canceled waits for Nav2 to confirm before failing regardless."""
 POLL_S = 0.01
+ENDED_KEPT = 1000
+"""How many ended tasks the bridge remembers (their queued segments are refused), oldest forgotten first."""
 STATUS_WORDS = {GoalStatus.STATUS_SUCCEEDED: "succeeded", GoalStatus.STATUS_CANCELED: "canceled",
                 GoalStatus.STATUS_ABORTED: "aborted"}
 
@@ -138,8 +140,7 @@ class Nav2Bridge:
             return SegmentResult(False, f"not run: {ended}", 0.0)
         result = self.execute_calls([(call.name, list(call.args)) for call in segment.skills])
         if not result.success:  # the plan stops here: the node ends the task on this report
-            with self._lock:
-                self._ended.setdefault(segment.request_id, f"segment {segment.index} of the task failed")
+            self._mark_ended([segment.request_id], f"segment {segment.index} of the task failed", overwrite=False)
         return result
 
     def execute_calls(self, calls: CallList) -> SegmentResult:
@@ -166,11 +167,21 @@ class Nav2Bridge:
             return
         ended = f"{outcome.status}: {outcome.result.reason}" if outcome.result and outcome.result.reason \
             else outcome.status
+        self._mark_ended([segment.request_id for segment in outcome.segments], f"the task ended ({ended})")
         with self._lock:
-            self._ended.update((segment.request_id, f"the task ended ({ended})") for segment in outcome.segments)
             flight = self._flight
-        if flight is not None and flight.request_id in self._ended:
-            self._cancel(flight, self._ended[flight.request_id])
+            why = self._ended.get(flight.request_id, "") if flight is not None else ""
+        if why:
+            self._cancel(flight, why)
+
+    def _mark_ended(self, request_ids: list[str], why: str, overwrite: bool = True) -> None:
+        with self._lock:
+            for request_id in request_ids:
+                if overwrite or request_id not in self._ended:
+                    self._ended.pop(request_id, None)
+                    self._ended[request_id] = why
+            while len(self._ended) > ENDED_KEPT:
+                del self._ended[next(iter(self._ended))]
 
     def close(self) -> None:
         """Destroy the action clients (a goal in flight is canceled first)."""
