@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything timely_llm needs, in one venv: the package, the vLLM build that fits the machine (CUDA where
 # an NVIDIA GPU is found, else CPU; TIMELY_LLM_VLLM_BUILD=cuda|cpu|none overrides: see scripts/install_vllm.sh),
-# ROS 2 Jazzy wheels with our interfaces built, the robot and benchmark packages (djitellopy), and the test tools.
+# ROS 2 Jazzy wheels with our interfaces built (and ../shared/nav2_msgs, where it lies beside the checkout), the
+# robot and benchmark packages (djitellopy), and the test tools.
 # TIMELY_LLM_VLLM_BUILD=none: no vLLM, no torch and no model conversion, for a node on the sim or remote engine;
 # PYTHON picks the interpreter of a new venv (e.g. PYTHON=python3.10: the ROS wheels and interfaces follow it).
 # Usage: scripts/setup_env.sh [VENV] [BUILD_DIR]   (defaults .venv and build/ros; idempotent)

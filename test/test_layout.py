@@ -151,6 +151,12 @@ def test_only_the_behaviour_tree_leaf_imports_py_trees() -> None:
     assert importers == {"timely_llm_robot/timely_llm_robot/bt.py"}
 
 
+def test_only_the_nav2_bridge_imports_nav2_msgs() -> None:
+    importers = {str(path.relative_to(REPO)) for source in PACKAGE_SOURCES.values()
+                 for path, names in _imports_under(source).items() if "nav2_msgs" in names}
+    assert importers == {"timely_llm_robot/timely_llm_robot/executors/nav2.py"}
+
+
 def test_the_node_needs_no_plotting_and_no_drone_library() -> None:
     imported = {name for path, names in _imports_under(PACKAGE).items() for name in names}
     assert not imported & {"matplotlib", "djitellopy"}

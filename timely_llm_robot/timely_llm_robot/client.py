@@ -14,6 +14,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -165,11 +166,15 @@ class RobotClient(Generic[LinkT]):
 
     ``network_delay`` emulates a one-way network latency (on loopback DDS there is next to none):
     a segment starts that long after it arrives, and its report leaves that long after it ends.
+    ``on_end`` is called with each task's outcome once it ends (result or rejection), on the node's executor: an
+    executor that drives a real robot stops what the task still has in flight there (see ``executors.nav2``).
     """
 
     def __init__(self, link: LinkT, agent_id: str, robot_type: str, runner: SegmentRunner,
-                 report: bool = True, network_delay: float = 0.0) -> None:
+                 report: bool = True, network_delay: float = 0.0,
+                 on_end: Callable[[TaskOutcome], None] | None = None) -> None:
         self.link = link
+        self.on_end = on_end
         self.network_delay = network_delay
         self.agent_id = agent_id
         self.robot_type = robot_type
@@ -224,8 +229,7 @@ class RobotClient(Generic[LinkT]):
         outcome.goal_handle = goal_handle
         outcome.accepted = goal_handle.accepted
         if not goal_handle.accepted:
-            outcome.ended_at = time.monotonic()
-            outcome.finished.set_result(outcome)
+            self._ended(outcome)
             return
         if outcome.cancel_requested:  # canceled before the answer came (a second cancel, if raced, is harmless)
             self.link.action.cancel_goal_async(goal_handle)
@@ -235,8 +239,15 @@ class RobotClient(Generic[LinkT]):
     def _on_result(self, outcome: TaskOutcome, response) -> None:  # noqa: ANN001 - GetResult response
         outcome.result = response.result
         outcome.result_after_segments = len(outcome.segments) == response.result.num_segments
+        self._ended(outcome)
+
+    def _ended(self, outcome: TaskOutcome) -> None:
         outcome.ended_at = time.monotonic()
-        outcome.finished.set_result(outcome)
+        try:
+            if self.on_end is not None:
+                self.on_end(outcome)
+        finally:
+            outcome.finished.set_result(outcome)
 
     def _on_feedback(self, outcome: TaskOutcome, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
         if feedback.feedback.infeasible and outcome.infeasible_at is None:
