@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from timely_llm_interfaces.names import agent_id_error
+from timely_llm_interfaces.names import TASK_REQUESTS, agent_id_error
 
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.errors import ConfigError, read_mapping
@@ -42,6 +42,12 @@ DEFAULT_CLASS = "normal"
 OPEN_CLASS = "urgent"
 """Without a fleet file every agent is of this class: the most urgent of the defaults."""
 _PATTERN_CHARS = re.compile(r"[*?\[\]]")
+
+
+def own_request_topic(agent: str) -> str:
+    """A robot's own request topic, ``<agent>/task_requests``, relative to the node's namespace (its client
+    writes the same name: ``timely_llm_robot.topic_client``)."""
+    return f"{agent}/{TASK_REQUESTS}"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from rclpy.node import Node
 from timely_llm_interfaces.names import TASK_REQUESTS, agent_id_error
 from timely_llm_interfaces.qos import TASK_REQUESTS_QOS
 
+from timely_llm.ros.fleet_file import own_request_topic
 from timely_llm.ros.interfaces import TaskRequest
 from timely_llm.ros.topic_pump import TopicPump
 
@@ -31,11 +32,6 @@ DISCOVER_S = 0.5
 PRUNE_S = 30.0
 MAX_TOPICS = 1024
 TYPE_NAME = "timely_llm_interfaces/msg/TaskRequest"
-
-
-def own_request_topic(agent: str) -> str:
-    """A robot's own request topic, relative to the node's namespace."""
-    return f"{agent}/{TASK_REQUESTS}"
 
 
 class RequestTopics:

@@ -3,7 +3,8 @@
 A :class:`TopicRobotClient` is a :class:`RobotClient` that asks on its own ``<agent_id>/task_requests``
 instead of the action (the node finds that topic in the ROS graph; the client waits up to OWN_TOPIC_MATCH_S for
 the node's subscription before its first request, and asks on the shared ``task_requests`` if none comes, as a
-node older than the per-robot request topics needs): it subscribes to its own ``<agent_id>/segments`` and ``<agent_id>/plan_result``
+node older than the per-robot request topics needs): it subscribes to its own ``<agent_id>/segments`` and
+``<agent_id>/plan_result``
 only, executes each segment with the same runners (SimulatedSkills, a Tello, an arm),
 reports it on its own ``<agent_id>/segment_done`` and cancels on its own ``<agent_id>/cancel``.
 Its agent id must be a ROS name token (see :func:`ros_agent_id` for turning any name into one).
