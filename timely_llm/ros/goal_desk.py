@@ -51,11 +51,12 @@ class GoalDesk:
         self._group = node.goals_group  # goal, cancel, result requests, outbox: one at a time
         self._guarded = guarded
         self._outbox_ready = node.create_guard_condition(guarded(self._drain_outbox), callback_group=self._group)
-        self._log = ThrottledLog(node.get_logger().warning)
+        self._log = ThrottledLog(node.get_logger().warning)  # refusals: the budget flooding clients spend
+        self._clamps = ThrottledLog(node.get_logger().warning)  # accepted requests' clamped claims: quotas bound them
         self.agents = AgentTopics(node, ledger.agents, lambda agent, report: on_report(
             agent, self.topics.to_node(report)), self._group)
         self.topics = TopicRequests(node, self._start_topic_request, self._cancel_topic_request, self.agents,
-                                    self._group, self._screen, self._may_ask)
+                                    self._group, self._screen, self._may_ask, self._log)
         self._quotas = AgentQuotas(ledger.in_flight)
         self._action: ActionServer | None = None
         self._running: dict[str, Future] = {}  # goals EXECUTING: each one's execute callback awaits its result
@@ -122,7 +123,7 @@ class GoalDesk:
     def _tell(self, agent: str, notes: list[str]) -> None:
         """Log (throttled) what was clamped in an accepted request."""
         if notes:
-            self._log.warn(agent, f"request of {agent!r}: {'; '.join(notes)}")
+            self._clamps.warn(agent, f"request of {agent!r}: {'; '.join(notes)}")
 
     def _screen(self, request: TaskRequest) -> str | None:
         """Why a task request's agent may not ask for it at all (checked before any endpoint is made for it)."""

@@ -20,7 +20,9 @@ whose request id is in flight already: anyone may publish on ``task_requests`` u
 refusal would end the live request in its robot's eyes; it goes to the log only. Request ids are scoped to
 where they came from: a request on a robot's own topic, which only that robot may publish on (with SROS2), is
 the robot's. One that finds its id taken by a request of the shared topic under its agent id (an impostor that
-guessed the id) takes the id over: the impostor's request is canceled and nothing more of it is sent. A request
+guessed the id before the node found the robot's own topic) takes the id over: the impostor's request is
+canceled and nothing more of it is sent; once the node reads an agent's own topic, requests naming that agent on
+the shared topic are ignored (log only). A request
 on an agent's own topic must name that agent. An agent that may not ask at all (the fleet file does not name it)
 is only logged: no endpoint is made for it.
 
@@ -77,9 +79,10 @@ class TopicRequests:
     def __init__(self, node: Node, start: Callable[[TaskRequest, str], None], cancel: Callable[[str], None],
                  agents: AgentTopics, callback_group: CallbackGroup,
                  screen: Callable[[TaskRequest], str | None] = lambda request: None,
-                 may_ask: Callable[[str], bool] = lambda agent: True) -> None:
+                 may_ask: Callable[[str], bool] = lambda agent: True, log: ThrottledLog | None = None) -> None:
         """``screen(request)``: why its agent may not ask for it at all (not in the fleet file, not that robot type),
-        or None; ``may_ask(agent)``: the agent may ask (its own request topic is subscribed)."""
+        or None; ``may_ask(agent)``: the agent may ask (its own request topic is subscribed); ``log``: the throttled
+        log of the node's goal intake (one budget for both)."""
         self._node, self._start, self._cancel, self._agents, self._screen = node, start, cancel, agents, screen
         self._may_ask = may_ask
         self.own_topics: RequestTopics | None = None
@@ -88,7 +91,7 @@ class TopicRequests:
         self._live: dict[str, _Live] = {}  # node id -> whose request
         self._by_robot: dict[tuple[str, str], str] = {}  # (agent, robot's request id) -> node id
         self._callback_group = callback_group
-        self._log = ThrottledLog(node.get_logger().warning)
+        self._log = log or ThrottledLog(node.get_logger().warning)
 
     def open(self) -> None:
         """Subscribe to ``task_requests``: a robot that waits for its reader (as TopicPlanLink does) finds the node
@@ -115,9 +118,13 @@ class TopicRequests:
 
     def _take(self, request: TaskRequest, own: bool) -> None:
         agent, robot_id = request.agent_id, request.request_id
-        refused = agent_id_error(agent) or self._screen(request)
+        refused = agent_id_error(agent) or (None if self._may_ask(agent) else self._screen(request))
         if refused:  # not a word on its topics: none is made for an agent that may not ask
             self._log.warn(agent[:MAX_ID_CHARS], f"ignored task request {robot_id[:MAX_ID_CHARS]!r}: {refused}")
+            return
+        if not own and self.own_topics is not None and agent in self.own_topics.agents:
+            self._log.warn(agent, f"ignored task request {robot_id[:MAX_ID_CHARS]!r} naming {agent!r} on the shared "
+                                  f"{TASK_REQUESTS}: that robot asks on its own {agent}/{TASK_REQUESTS}")
             return
         if not self._may_take_id(agent, robot_id, own):
             self._log.warn(agent, f"ignored task request {robot_id[:MAX_ID_CHARS]!r} of {agent!r}: a request with "

@@ -88,12 +88,13 @@ class TopicRobotClient(RobotClient):
                 label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
         """Publish a task request (``tuf=None``: the server's default for its category); ``wait()`` on the outcome."""
         ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
+        publisher = self._request_publisher()  # first: what arrives before it is sent is an earlier request's
         outcome = TaskOutcome(label or self.agent_id, time.monotonic(), accepted=True)
         with self._pending_lock:
             self._count += 1
             request_id = f"{self._ids}{self._count}"
             self._pending[request_id] = outcome
-        self._request_publisher().publish(TaskRequest(
+        publisher.publish(TaskRequest(
             request_id=request_id, agent_id=self.agent_id, robot_type=self.robot_type, task=task,
             tuf_ert=duration_msg(ert), tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens,
             trace_id=trace_id, keep_if_infeasible=keep_if_infeasible, overrun_strategy=overrun_code(overrun_strategy)))
