@@ -122,13 +122,13 @@ class TopicRequests:
         if refused:  # not a word on its topics: none is made for an agent that may not ask
             self._log.warn(agent[:MAX_ID_CHARS], f"ignored task request {robot_id[:MAX_ID_CHARS]!r}: {refused}")
             return
-        if not own and self.own_topics is not None and agent in self.own_topics.agents:
-            self._log.warn(agent, f"ignored task request {robot_id[:MAX_ID_CHARS]!r} naming {agent!r} on the shared "
-                                  f"{TASK_REQUESTS}: that robot asks on its own {agent}/{TASK_REQUESTS}")
-            return
         if not self._may_take_id(agent, robot_id, own):
             self._log.warn(agent, f"ignored task request {robot_id[:MAX_ID_CHARS]!r} of {agent!r}: a request with "
                                   "this id is in flight")
+            return
+        if not own and self.own_topics is not None and agent in self.own_topics.agents:
+            self._log.warn(agent, f"ignored task request {robot_id[:MAX_ID_CHARS]!r} naming {agent!r} on the shared "
+                                  f"{TASK_REQUESTS}: that robot asks on its own {agent}/{TASK_REQUESTS}")
             return
         refused = _request_id_error(robot_id) or self._agents.admit(agent)
         if refused:
