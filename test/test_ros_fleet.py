@@ -163,3 +163,19 @@ def test_without_a_fleet_file_one_agent_flooding_urgent_claims_is_bounded_and_ho
     flood = lines(log, "'flooder'")
     assert len(flood) <= 2, flood  # one line per period for the agent (and the budget's count)
     assert "over quota" in flood[0] or "TUF clamped to class 'urgent'" in flood[0]
+
+
+def test_without_a_fleet_file_rotating_ids_cannot_flood_the_log_and_a_robot_is_still_served(
+        session: tuple, topic_link: TopicPlanLink, topic_robots: Callable, server_log: Callable[[], str]) -> None:
+    shared = topic_link.node.create_publisher(TaskRequest, TASK_REQUESTS, TASK_REQUESTS_QOS)
+    with server_node(session[1], session[0]) as node:
+        assert topic_link.wait_for_server()
+        for i in range(300):  # each id new, each request refused (no such trace)
+            shared.publish(TaskRequest(request_id="r", agent_id=f"rot_{i}", robot_type="tello", task="fly",
+                                       trace_id=9999))
+        wait_until(lambda: lines(server_log(), "unknown trace_id 9999"), RESULT_TIMEOUT_S, server_log)
+        outcome = ask(topic_robots("honest"), 7)
+        assert outcome.wait(RESULT_TIMEOUT_S).status == "succeeded", outcome.result.reason
+        assert node.lifecycle_state == "active"
+    about_rotation = lines(server_log(), "rot_")
+    assert 1 <= len(about_rotation) <= BUDGET_LINES + 1, len(about_rotation)
