@@ -23,13 +23,14 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 
 from launch import LaunchDescription
+from timely_llm.core.policies import POLICIES
+from timely_llm.engines.registry import engines_help
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.engines.vllm_args import parse_assignments
 
 OVERRIDES = {
-    "engine": "vllm (embedded vLLM on the installed build's device: GPU or CPU), remote (servers at the params "
-              "file's remote.url) or sim (replays LRTrace plans)",
-    "policy": "timelyllm, vllm, vllm-stream, fcfs, edf, ...",
+    "engine": engines_help(),
+    "policy": ", ".join(POLICIES),
     "model": "vllm: smollm2 (default), tiny, a model directory or a Hugging Face model id",
     "hw_profile": "sim: hardware profile name or YAML file",
 }

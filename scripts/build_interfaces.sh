@@ -4,6 +4,9 @@
 # python then imports timely_llm_interfaces.msg and timely_llm_interfaces.action with nothing sourced (Python
 # modules in the venv's site-packages; libraries in VENV/lib, which the ROS wheels' bootstrapper puts on the
 # library path). Also installs colcon, for `colcon build`.
+# Where ../shared/nav2_msgs lies beside the checkout (beside the main checkout, for a git worktree), that subset of
+# Nav2's nav2_msgs (NavigateToPose, DockRobot, UndockRobot: what the Nav2 bridge's tests talk to) is built and
+# installed into VENV the same way; without it those tests fail saying so.
 # Usage: scripts/build_interfaces.sh VENV BUILD_DIR   (BUILD_DIR holds the CMake build tree)
 # Idempotent: creates VENV if missing, installs what is missing, rebuilds incrementally.
 set -euo pipefail
@@ -29,6 +32,8 @@ ROS_WHEELS=(
   ros-jazzy-action-msgs
   ros-jazzy-lifecycle-msgs
   ros-jazzy-diagnostic-msgs
+  ros-jazzy-std-msgs
+  ros-jazzy-geometry-msgs  # nav2_msgs' poses
 )
 # The ros-jazzy-ament-cmake meta wheel does not pull these, so each is named.
 AMENT_CMAKE_WHEELS=(
@@ -86,11 +91,25 @@ patch_cmake_paths() {
   fi
 }
 
+# ../shared/nav2_msgs beside this checkout, or beside the main checkout when this is a git worktree; empty if none.
+shared_nav2_msgs() {
+  local common root
+  common="$(git -C "$REPO_ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
+  for root in "$REPO_ROOT" ${common:+"$(dirname "$common")"}; do
+    if [[ -f "$root/../shared/nav2_msgs/package.xml" ]]; then
+      realpath "$root/../shared/nav2_msgs"
+      return
+    fi
+  done
+}
+
+# build_and_install SOURCE_DIR: configure, build and install one ament_cmake interface package into VENV.
 build_and_install() {
-  local build_tree="$BUILD_DIR/timely_llm_interfaces"
+  local source="$1"
+  local build_tree="$BUILD_DIR/$(basename "$source")"
   export AMENT_PREFIX_PATH="$VENV"
   export PATH="$VENV/bin:$PATH"
-  cmake -S "$REPO_ROOT/timely_llm_interfaces" -B "$build_tree" \
+  cmake -S "$source" -B "$build_tree" \
     -DCMAKE_PREFIX_PATH="$VENV" \
     -DPython3_EXECUTABLE="$VENV/bin/python" \
     -DCMAKE_INSTALL_PREFIX="$VENV" \
@@ -101,5 +120,12 @@ build_and_install() {
 
 install_wheels
 patch_cmake_paths
-build_and_install
+build_and_install "$REPO_ROOT/timely_llm_interfaces"
 echo "timely_llm_interfaces installed in $VENV"
+nav2_msgs_source="$(shared_nav2_msgs)"
+if [[ -n "$nav2_msgs_source" ]]; then
+  build_and_install "$nav2_msgs_source"
+  echo "nav2_msgs (the subset in $nav2_msgs_source) installed in $VENV"
+else
+  echo "no ../shared/nav2_msgs beside the checkout: nav2_msgs not built (the Nav2 bridge's tests will say so)"
+fi

@@ -29,7 +29,7 @@ TIMELY_LLM_VLLM_BUILD=none PYTHON="$python_310" bash "$repo/scripts/setup_env.sh
 
 cd "$repo"
 "$venv/bin/ruff" check timely_llm timely_llm_robot timely_llm_bench timely_llm_interfaces/python test
-"$venv/bin/mypy"  # mypy.ini: the plan language, the scheduling core, the scheduler, the server, the engines
+"$venv/bin/mypy"  # mypy.ini: the node's package, the robot package and the benchmark package
 status=0
 (. "$repo/scripts/ros_env.sh" "$venv" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" test) || status=$?
 # The no_vllm tests live in modules that import without vLLM; the others' modules need it even to be collected.

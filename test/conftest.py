@@ -1,9 +1,16 @@
+import os
 import random
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from installed import missing_imports
 from spun_nodes import spun_node
+
+SELECT_INSTALLED = os.environ.get("TIMELY_LLM_TEST_SELECT_INSTALLED") == "1"
+"""Set by ``colcon test`` (CMakeLists.txt): leave out the modules whose imports are not installed, saying which."""
+_LEFT_OUT: dict[str, frozenset[str]] = {}
 
 _ROS_DOMAINS = random.SystemRandom()
 
@@ -14,6 +21,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "remote: needs vllm serve (the vllm_serve fixture starts one, slow)")
     config.addinivalue_line("markers", "no_vllm: a node test that needs neither vLLM nor torch: scripts/test.sh runs "
                                        "these on Python 3.10 too")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if not SELECT_INSTALLED or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    missing = missing_imports(collection_path)
+    if missing:
+        _LEFT_OUT[collection_path.name] = missing
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for module, missing in sorted(_LEFT_OUT.items()):
+        terminalreporter.write_line(f"left out {module}: needs {', '.join(sorted(missing))}, not installed here")
 
 
 @pytest.fixture(scope="session")

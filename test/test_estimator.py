@@ -221,9 +221,9 @@ def test_bench_on_a_real_engine_needs_its_step_profile_for_timebill(tmp_path, ca
             "--features", "timebill", "--out", out]
     assert main(args) == 2
     assert "timely-llm profile --model tiny" in capsys.readouterr().err
-    assert estimator_profile(None, "vllm", "smollm2", "rtx4090-llama3-8b").name == "cpu-2core-smollm2-135m"
-    assert estimator_profile(None, "sim", "smollm2", "h100-llama3-8b").name == "h100-llama3-8b"
-    assert estimator_profile("h100-llama3-8b", "vllm", "tiny", "rtx4090-llama3-8b").name == "h100-llama3-8b"
+    assert estimator_profile(None, False, "smollm2", "rtx4090-llama3-8b").name == "cpu-2core-smollm2-135m"
+    assert estimator_profile(None, True, "smollm2", "h100-llama3-8b").name == "h100-llama3-8b"
+    assert estimator_profile("h100-llama3-8b", False, "tiny", "rtx4090-llama3-8b").name == "h100-llama3-8b"
 
 
 def test_timebill_needs_an_estimator():

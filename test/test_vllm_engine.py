@@ -108,9 +108,9 @@ def start_then_suspend(engine: VllmEngine, spec: GenerationSpec, tokens: int) ->
 
 def vllm_request(engine: VllmEngine, gen_id: str) -> Any:
     """vLLM's own request object behind ``gen_id``'s live request."""
-    live = engine._gens[gen_id].request_id
-    return next(r for key, r in engine._engine.engine_core.engine_core.scheduler.requests.items()
-                if key.rpartition("-")[0] == live)
+    request = engine._requests.live_request(gen_id)
+    assert request is not None, f"{gen_id} has no live request"
+    return request
 
 
 @pytest.fixture(scope="module")

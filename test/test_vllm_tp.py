@@ -35,8 +35,7 @@ def engine() -> Iterator[VllmEngine]:
 
 
 def test_the_scheduler_stays_in_process_and_the_workers_do_not(engine: VllmEngine) -> None:
-    core = engine._engine.engine_core.engine_core
-    assert type(core.model_executor).__name__ == "MultiprocExecutor"
+    assert engine._core.executor_name() == "MultiprocExecutor"
     assert engine._engine.vllm_config.parallel_config.tensor_parallel_size == 2
     assert engine.free_kv_blocks() > 0 and engine.max_batch == 8
 

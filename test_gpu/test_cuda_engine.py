@@ -84,7 +84,7 @@ def test_tensor_parallel_over_two_gpus_segments_and_resumes_from_the_cache() -> 
     eng = VllmEngine("smollm2", kv_cache_gib=1.0, max_model_len=2048, dtype="bfloat16", tensor_parallel_size=2,
                      distributed_executor_backend="mp", **SHARE)
     try:
-        assert type(eng._engine.engine_core.engine_core.model_executor).__name__ == "MultiprocExecutor"
+        assert eng._core.executor_name() == "MultiprocExecutor"
         straight = generate_plan(eng, TELLO, TASK, segmented=False, max_new_tokens=MAX_TOKENS)
         segmented = generate_plan(eng, TELLO, TASK, segmented=True, max_new_tokens=MAX_TOKENS)
         assert segmented.output_ids == straight.output_ids and segmented.status == "succeeded"

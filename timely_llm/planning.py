@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import TIMELYLLM, VLLM
 from timely_llm.core.request import Request, Segment
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine
@@ -63,7 +64,7 @@ def task_prompt(catalog: TraceCatalog, robot: str, task: str) -> str:
 
 def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
                   segmented: bool = True, constrained: bool = True, max_new_tokens: int = DEFAULT_PLAN_TOKENS,
-                  on_segment: Callable[[Segment], None] | None = None) -> GeneratedPlan:
+                  on_segment: Callable[[Segment], object] | None = None) -> GeneratedPlan:
     """Generate one plan on ``engine``; ``on_segment`` sees each segment the moment it is cut.
 
     The robot is taken to execute each segment instantly, so only generation is timed.
@@ -77,7 +78,7 @@ def generate_plan(engine: Engine, robot: SkillModel, task: str, *,
 
 
 def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list[PlanRequest], *, segmented: bool,
-                      on_segment: Callable[[Segment], None] | None = None) -> list[Request]:
+                      on_segment: Callable[[Segment], object] | None = None) -> list[Request]:
     """``plans`` submitted at once and generated to their end, segmented (policy ``timelyllm``) or straight
     through (``vllm``); the robots execute each segment the moment it is cut (``on_segment`` sees it then). No
     robot is there to report a value, so blocking skills are served as any other: the plan as the model writes it."""
@@ -90,7 +91,7 @@ def generate_together(engine: Engine, robots: dict[str, SkillModel], plans: list
             on_segment(segment)
         driver.executed_at_once(request, segment)
 
-    config = ServerConfig("timelyllm" if segmented else "vllm", network_latency=0.0)
+    config = ServerConfig(TIMELYLLM.name if segmented else VLLM.name, network_latency=0.0)
     server = build_server(config, engine, robots, clock, on_segment=dispatched)
     requests = [server.submit(plan) for plan in plans]
     driver.run(server)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.features import Features
 from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
+from timely_llm.core.places import PlaceCounts
 from timely_llm.core.policies import ServingPolicy
 from timely_llm.core.request import OverloadState, Request, Segment, Status
 from timely_llm.core.tuf import TUF
@@ -78,6 +79,17 @@ class PlanRequest:
             raise RequestRejected(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.overrun not in OVERRUN_STRATEGIES:
             raise RequestRejected(f"unknown overrun strategy {self.overrun!r} (known: {', '.join(OVERRUN_STRATEGIES)})")
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What the server serves with and how loaded it is, read at one instant (``Server.view``): what status,
+    ``/diagnostics`` and the node's loop read instead of the scheduler's parts."""
+
+    policy: str
+    batch_cap: int
+    """The fixed batch cap; 0 where there is none (the engine's own)."""
+    counts: PlaceCounts
 
 
 class Server:
@@ -197,6 +209,24 @@ class Server:
                 if gen_id in out.finished or gen_id in out.failed:
                     break
             self.engine.release(gen_id)
+
+    # ----- read by status and benchmarks, and the live policy switch (any thread) -----
+
+    def view(self) -> ServerView:
+        """The policy, the batch cap and where the live requests are, read under the server's lock."""
+        with self.lock:
+            return ServerView(self.policy.name, self.batch.max_batch or 0, self.scheduler.places.counts())
+
+    def queued(self) -> int:
+        """How many requests are queued (cheap, unlocked: the loop's own per-step reading)."""
+        return self.scheduler.places.queued()
+
+    def use_policy(self, policy: ServingPolicy) -> None:
+        """Serve with ``policy`` from the next scheduling point on: only the queue's order changes, so it must be of
+        this policy's serving mode and engine scheduling (the caller checks)."""
+        with self.lock:
+            self.policy = policy
+            self.scheduler.places.reorder(policy.queue_order(self.network_latency))
 
     # ----- internals -----
 

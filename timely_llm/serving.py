@@ -149,7 +149,7 @@ class Driver:
         """Drive ``server``; ``stop``: run while it is set (the node's loop), else until no action is left."""
         while stop is None or stop.is_set():
             self._run_due(server)
-            self.peak_queue = max(self.peak_queue, len(server.queue))
+            self.peak_queue = max(self.peak_queue, server.queued())
             if self._step(server):
                 continue
             next_due = self._next_due()

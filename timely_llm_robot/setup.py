@@ -12,6 +12,6 @@ setup(
                 (f"share/{PACKAGE}", ["package.xml"])],
     python_requires=">=3.10",
     install_requires=[],  # rclpy and timely_llm_interfaces come from the ROS installation
-    extras_require={"tello": ["djitellopy"]},
+    extras_require={"tello": ["djitellopy"], "bt": ["py_trees>=2.2"]},  # bt: timely_llm_robot.bt
     zip_safe=True,
 )

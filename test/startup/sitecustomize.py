@@ -2,7 +2,8 @@
 
 - TIMELY_LLM_TEST_HUMBLE_RCLPY=1: rclpy lacks every name Humble's lacks (``humble_rclpy``);
 - TIMELY_LLM_TEST_IMPORT_LOG=FILE: when the process exits, FILE gets one line per module of vllm and torch it imported
-  (an empty file: none).
+  (an empty file: none);
+- TIMELY_LLM_TEST_VLLM_VERSION=X: timely_llm's vLLM version check reads X as the installed vLLM's version.
 """
 
 import atexit
@@ -23,3 +24,7 @@ if os.environ.get("TIMELY_LLM_TEST_HUMBLE_RCLPY") == "1":
     import humble_rclpy
 
     humble_rclpy.strip()
+if os.environ.get("TIMELY_LLM_TEST_VLLM_VERSION"):
+    import timely_llm.engines.vllm_version as vllm_version
+
+    vllm_version.installed_version = lambda: os.environ["TIMELY_LLM_TEST_VLLM_VERSION"]

@@ -6,21 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from timely_llm.errors import ConfigError
 from timely_llm.models import MODEL_NAMES
-
-POLICY_HELP = {
-    "vllm": "FCFS continuous batching; the whole plan is dispatched when it is complete",
-    "vllm-stream": "FCFS; each statement is dispatched as soon as it is generated, never paused",
-    "vllm-priority": "vLLM's priority scheduling (lower ERT first) with preemption; statements streamed",
-    "fcfs": "segmented: suspended after each segment, queued by arrival",
-    "edf": "segmented, queued by the first segment's deadline (arrival + ERT)",
-    "timelyllm": "segmented + PUD priority (Eq. 4) + latency-guided adaptive batch: the paper's system",
-    "isolated": "bench only: each request alone on an idle simulated server (the best it could get)",
-}
-
 
 DEFAULT_HW = "rtx4090-llama3-8b"
 
@@ -117,21 +107,24 @@ def _checked_vllm_args(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 
 def _vllm_engine(model: str | None, pairs: list[tuple[str, object]], kv_cache_gib: float | None = None,
-                 announce: str = "", max_batch: int | None = None, **options: tuple[str, object]):  # noqa: ANN202
+                 announce: str = "", max_batch: int | None = None,
+                 options: Mapping[str, tuple[str, object]] | None = None):  # noqa: ANN202
     """The embedded vLLM engine with the shipped engine arguments (config/timely_llm.yaml), the command's own
     ``options`` (field: (its option, value)) and the --vllm-arg ones; vLLM's refusal is a ConfigError.
     ``kv_cache_gib`` and the batch cap ``max_batch`` (--max-batch): the shipped ones unless given. ``announce`` goes
     to stderr once the model and the arguments passed the checks made before vLLM loads (so a refusal there stays
     one line)."""
     from timely_llm.engines.vllm_args import EngineArgsError, engine_args, shipped_parameters
+    from timely_llm.engines.vllm_version import check_version
     from timely_llm.models.hub import ModelNotReachable, check_if_hub_id
 
     try:
         check_if_hub_id(model or "")  # before vLLM's import: an unreachable Hub fails in seconds
     except ModelNotReachable as exc:
         raise ConfigError("--model", None, str(exc)) from None
+    check_version()  # VllmVersionError, a ConfigError: before vLLM's import (checking the arguments imports it)
     try:
-        arguments = engine_args(_checked_vllm_args(pairs), options, source="")
+        arguments = engine_args(_checked_vllm_args(pairs), options or {}, source="")
     except EngineArgsError as exc:
         raise ConfigError("--vllm-arg", None, str(exc)) from None
     if announce:

@@ -133,7 +133,7 @@ def _profile(args: argparse.Namespace) -> int:
     from timely_llm.engines.profile_fit import fit_profile, measure_steps
 
     length = {"max_model_len": ("--max-model-len", args.max_model_len)} if args.max_model_len else {}
-    engine = _vllm_engine(args.model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, **length)
+    engine = _vllm_engine(args.model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, options=length)
     lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
     contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
     samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from dataclasses import dataclass
 
+from timely_llm.core.priority import PriorityPolicy
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Status
 
@@ -24,7 +26,23 @@ class Call(enum.Enum):
     SUSPEND = "suspend"
 
 
+@dataclass(frozen=True)
+class PlaceCounts:
+    """How many live requests are where: what the status topic, ``/diagnostics`` and benchmarks read."""
+
+    queued: int
+    """In the queue: WAITING, SUSPENDED and PARKED."""
+    running: int
+    suspended: int
+    """PARKED or SUSPENDED: between two segments, in the engine or its cache."""
+    blocked: int
+    """Waiting for the value of a blocking call."""
+
+
 class RequestPlaces:
+    """The one owner of where each live request is. Outside ``core/`` and the scheduler, read it through
+    ``counts`` (and ``queued``, for a per-step reading), never through its dicts."""
+
     def __init__(self, queue: GenerationQueue, counters: Counter[str]) -> None:
         self.queue = queue
         self.counters = counters
@@ -39,6 +57,18 @@ class RequestPlaces:
         """The engine calls the transitions made since the server last took them (``take_calls``), in order."""
         self._blocking: dict[str, Request] = {}
         """Blocked since the last scheduling point: still to suspend in the engine."""
+
+    def queued(self) -> int:
+        """How many requests are queued (cheap: for readings every step)."""
+        return len(self.queue)
+
+    def counts(self) -> PlaceCounts:
+        suspended = len(self.parked) + sum(r.status is Status.SUSPENDED for r in self.queue)
+        return PlaceCounts(len(self.queue), len(self.running), suspended, len(self.blocked))
+
+    def reorder(self, order: PriorityPolicy) -> None:
+        """Order the queue by ``order`` from the next fetch on (a live policy switch within a serving mode)."""
+        self.queue.policy = order
 
     def take_calls(self) -> list[tuple[Call, Request]]:
         calls, self.calls = self.calls, []

@@ -48,8 +48,6 @@ class QueueColumns:
 
 
 class PriorityPolicy(ABC):
-    name: str
-
     @abstractmethod
     def scores(self, q: QueueColumns, now: float) -> np.ndarray:
         """Priority of every queued generation at time ``now``; higher runs first."""
@@ -58,16 +56,12 @@ class PriorityPolicy(ABC):
 class FCFS(PriorityPolicy):
     """Earliest arrival first; a suspended generation keeps its request's arrival."""
 
-    name = "fcfs"
-
     def scores(self, q: QueueColumns, now: float) -> np.ndarray:
         return -q.column("arrival")
 
 
 class EDF(PriorityPolicy):
     """Earliest first-response deadline first; suspended generations keep it (§7.3.2)."""
-
-    name = "edf"
 
     def scores(self, q: QueueColumns, now: float) -> np.ndarray:
         return -(q.column("arrival") + q.column("ert"))
@@ -100,7 +94,6 @@ class PUD(PriorityPolicy):
     longest late goes first.
     """
 
-    name = "pud"
     LATENESS_TIEBREAK = 1e-6
 
     def __init__(self, network_latency: float) -> None:
@@ -128,20 +121,7 @@ def request_priority(ert: float) -> int:
 class VllmPriority(PriorityPolicy):
     """vLLM's ``scheduling_policy="priority"``: lowest ``request_priority`` first, then earliest arrival."""
 
-    name = "priority"
     ARRIVAL_SCALE = 1e-7  # arrival seconds stay far below one priority step
 
     def scores(self, q: QueueColumns, now: float) -> np.ndarray:
         return -(np.round(q.column("ert") * 1000) + q.column("arrival") * self.ARRIVAL_SCALE)
-
-
-def make_policy(name: str, network_latency: float) -> PriorityPolicy:
-    if name == "priority":
-        return VllmPriority()
-    if name == "pud":
-        return PUD(network_latency)
-    if name == "edf":
-        return EDF()
-    if name == "fcfs":
-        return FCFS()
-    raise ValueError(f"unknown priority policy {name!r} (pud, edf, fcfs, priority)")

@@ -367,7 +367,7 @@ class Outcome:
                       skipped_segments=request.overload.skipped_segments, killed_at=request.overload.killed_at)
         if request.status is not Status.SUCCEEDED or not segments:
             return outcome
-        spans = [_executed(s) for s in segments]
+        spans = [executed_span(s) for s in segments]
         response = spans[0][0] - request.arrival
         completion = spans[-1][1] - request.arrival
         exec_time = math.fsum(end - start for start, end in spans)
@@ -390,7 +390,7 @@ class Outcome:
         }
 
 
-def _executed(segment: Segment) -> tuple[float, float]:
+def executed_span(segment: Segment) -> tuple[float, float]:
     """When ``segment`` started and ended executing; a succeeded plan's segments all did."""
     if segment.exec_start is None or segment.exec_end is None:
         raise ValueError(f"segment {segment.index} of a succeeded plan has no execution times")

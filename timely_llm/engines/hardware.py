@@ -84,12 +84,12 @@ class HardwareProfile:
                 "memory": self.memory, "max_model_len": self.max_model_len}
 
 
-def estimator_profile(given: str | None, engine: str, model: str | None, hw: str) -> HardwareProfile | None:
-    """The step-time profile TimeBill's estimator uses: ``given``, else the simulator's own (``hw``) or the
-    shipped fit of a real engine's model; None when there is none."""
+def estimator_profile(given: str | None, simulated: bool, model: str | None, hw: str) -> HardwareProfile | None:
+    """The step-time profile TimeBill's estimator uses: ``given``, else the simulator's own (``hw``, where the
+    engine is ``simulated``) or the shipped fit of a real engine's model; None when there is none."""
     if given:
         return load_profile(given)
-    if engine == "sim":
+    if simulated:
         return load_profile(hw)
     fitted = FITTED_PROFILES.get(str(model))
     return load_profile(fitted) if fitted else None

@@ -163,11 +163,7 @@ class SimEngine(Engine):
         decoding: list[str] = []
         scheduled: list[_Generation] = []
         preempted: dict[str, None] = {}  # in preemption order
-        for gen_id in self._resumed:
-            if gen_id in self._running:
-                context = len(self._running[gen_id].context)
-                out.started[gen_id] = ResumeInfo(context, context, evicted=False)
-        self._resumed.clear()
+        self._note_resumed(out)
         for gen in list(self._running.values()):
             if gen.spec.gen_id in preempted:
                 continue
@@ -198,6 +194,14 @@ class SimEngine(Engine):
         for gen in scheduled:
             self._emit_token(gen, out)
         return out
+
+    def _note_resumed(self, out: StepOutput) -> None:
+        """The generations resumed since the last step go on where they were: their whole context is cached."""
+        for gen_id in self._resumed:
+            if gen_id in self._running:
+                context = len(self._running[gen_id].context)
+                out.started[gen_id] = ResumeInfo(context, context, evicted=False)
+        self._resumed.clear()
 
     def _reread(self, decoding: list[str]) -> int:
         """Context tokens of ``decoding`` in blocks another of them holds too (only where the profile prices them

@@ -79,7 +79,7 @@ def shipped_parameters(path: Path | None = None) -> dict[str, Any]:
 
 def shipped_vllm_args() -> dict[str, Any]:
     """The shipped defaults of the vLLM engine arguments: the ``vllm:`` section of config/timely_llm.yaml."""
-    return dict(shipped_parameters().get("vllm") or {})
+    return dict(shipped_parameters().get(PREFIX.rstrip(".")) or {})
 
 
 def engine_args(given: Mapping[str, Any], set_here: Mapping[str, tuple[str, Any]],

@@ -1,8 +1,8 @@
 """An embedded vLLM engine: one ``LLMEngine.step()`` per ``Engine.step()``.
 
 Suspending pauses the vLLM request where it is: it stays in vLLM's running list with
-its KV blocks, grammar state and token ids, but vLLM's scheduler skips it (its
-``next_decode_eligible_step`` is set past any step), so a resume decodes on at once
+its KV blocks, grammar state and token ids, but vLLM's scheduler skips it (vllm_internals.pause), so a resume
+decodes on at once
 with nothing prefilled again. A resume that appends an observation to a paused request (a blocking
 skill's value) continues vLLM's request as a streaming-input session: its KV stays, and vLLM prefills
 the observation and the call's last token, whose KV the pause never wrote. Where a newcomer needs the
@@ -14,6 +14,9 @@ requests, so that a newcomer at a full batch does not cost one of them its KV.
 Scheduling is synchronous and there is no speculative decoding, so each step
 yields at most one token per running generation: when the server suspends right
 after a step that completed a segment, nothing past the boundary was generated.
+
+Everything this needs of vLLM beyond its public API is in vllm_internals.py, written for one vLLM version: the
+engine refuses to start on another (vllm_version.VllmVersionError, one line).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from timely_llm.engines.base import (
 from timely_llm.engines.forcing import ForcedTokensProcessor
 from timely_llm.engines.hf_tokenizer import HfTokenizer
 from timely_llm.engines.vllm_args import check_fields, create_config
+from timely_llm.engines.vllm_internals import VllmCore, num_preemptions, num_tokens
 from timely_llm.engines.vllm_requests import Generation, VllmRequests
+from timely_llm.engines.vllm_version import check_version
 from timely_llm.models import resolve_model
 
 GIB = 1 << 30
@@ -81,8 +86,10 @@ class VllmEngine(Engine):
         ``engine_args`` are any other fields of vLLM's ``EngineArgs`` (e.g. ``max_model_len``, ``dtype``,
         ``tensor_parallel_size``, ``scheduling_policy``: with ``"priority"`` each generation's
         ``priority`` orders vLLM's waiting queue and picks its preemption victim), passed as they are; vLLM's
-        refusal, or ``max_num_seqs`` given here, raises EngineArgsError (vllm_args).
+        refusal, or ``max_num_seqs`` given here, raises EngineArgsError (vllm_args); a vLLM of another version than
+        the one vllm_internals was written for, VllmVersionError, before anything loads.
         """
+        check_version()
         slots = _request_slots(max_batch, paused_slots)
         self._engine, config = _create_engine(model, kv_cache_gib, kv_offloading_gib, slots, engine_args)
         self._max_model_len: int = config.model_config.max_model_len
@@ -93,7 +100,8 @@ class VllmEngine(Engine):
         """The given cap, else vLLM's own max_num_seqs: the server's batch cap is at most this."""
         self.device: str = _device_name(config.parallel_config.tensor_parallel_size)
         self._gens: dict[str, Generation] = {}
-        self._requests = VllmRequests(self._engine, config.scheduler_config, self.block_size)
+        self._core = VllmCore(self._engine)
+        self._requests = VllmRequests(self._engine, self._core, config.scheduler_config, self.block_size)
 
     def start(self, spec: GenerationSpec) -> None:
         gen = self._gens.get(spec.gen_id)
@@ -169,7 +177,7 @@ class VllmEngine(Engine):
     def close(self) -> None:
         for gen_id in list(self._gens):
             self.release(gen_id)
-        self._engine.engine_core.shutdown()
+        self._core.shutdown()
 
     def _check_startable(self, spec: GenerationSpec, context: list[int]) -> int:
         """Validate a (re)start; return the token budget left for it."""
@@ -211,9 +219,8 @@ class VllmEngine(Engine):
         context = spec.prompt_ids + spec.output_ids
         max_tokens = self._check_startable(spec, context)
         request = self._unpause(gen)
-        self._requests.append(request, spec.output_ids[len(gen.output_ids):], len(context), max_tokens,
-                              _forced_tail(spec, self.tokenizer.eos_token_id))
-        gen.kept_tokens = request.num_computed_tokens
+        gen.kept_tokens = self._requests.append(request, spec.output_ids[len(gen.output_ids):], len(context),
+                                                max_tokens, _forced_tail(spec, self.tokenizer.eos_token_id))
         gen.spec, gen.output_ids, gen.context_tokens = spec, list(spec.output_ids), len(context)
 
     def _record(self, gen: Generation, out: Any, result: StepOutput) -> None:
@@ -241,10 +248,10 @@ class VllmEngine(Engine):
         preempted_paused = []
         for gen_id, request in self._requests.by_generation():
             gen = self._gens.get(gen_id)
-            if gen is not None and request.num_preemptions > gen.preemptions:
-                gen.preemptions = request.num_preemptions
+            if gen is not None and num_preemptions(request) > gen.preemptions:
+                gen.preemptions = num_preemptions(request)
                 result.preempted.append(gen_id)
-                result.recomputed_tokens += request.num_tokens
+                result.recomputed_tokens += num_tokens(request)
                 if gen.paused is not None:
                     preempted_paused.append(gen)
         for gen in preempted_paused:

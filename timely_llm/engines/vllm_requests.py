@@ -2,13 +2,12 @@
 
 Each running generation is one vLLM request. A suspended one is paused in place: it stays in vLLM's running list
 with its KV blocks, but vLLM's scheduler skips it. Where a newcomer needs the memory or the request slot a paused
-request holds, the oldest paused request is aborted, its full KV blocks left to vLLM's prefix cache.
+request holds, the oldest paused request is aborted, its full KV blocks left to vLLM's prefix cache. What this needs
+of vLLM beyond its public API goes through vllm_internals.py.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,13 +15,11 @@ from typing import Any
 from vllm import LLMEngine, SamplingParams, TokensPrompt
 from vllm.config import SchedulerConfig
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-from vllm.v1.request import RequestStatus, StreamingUpdate
 
+from timely_llm.engines import vllm_internals as internals
 from timely_llm.engines.base import GenerationSpec, ResumeInfo
 from timely_llm.engines.forcing import FORCED_KEY
-
-PAUSED = sys.maxsize
-"""A paused request's ``next_decode_eligible_step``: vLLM's scheduler skips it until then."""
+from timely_llm.engines.vllm_internals import VllmCore
 
 
 @dataclass
@@ -57,8 +54,9 @@ class VllmRequests:
     """Our generations' requests in one in-process vLLM engine (submitted, paused in place, aborted) and the KV
     blocks vLLM's block pool has free or they alone hold."""
 
-    def __init__(self, engine: LLMEngine, scheduler_config: SchedulerConfig, block_size: int) -> None:
+    def __init__(self, engine: LLMEngine, core: VllmCore, scheduler_config: SchedulerConfig, block_size: int) -> None:
         self._engine = engine
+        self._core = core
         self._slots: int = scheduler_config.max_num_seqs
         """vLLM's request slots: running and paused requests together."""
         self._priority_scheduling = scheduler_config.policy == "priority"
@@ -81,12 +79,12 @@ class VllmRequests:
     def reclaimable(self, gen_id: str) -> int:
         """Blocks aborting ``gen_id``'s paused request would free; 0 when it is not paused."""
         gen = self._paused.get(gen_id)
-        return self._only_held(gen.paused.request_id) if gen is not None else 0
+        return self._core.blocks_held_alone(gen.paused) if gen is not None else 0
 
     def held_alone(self, gen: Generation) -> int:
         """Blocks only ``gen``'s live request holds (0 when it is not running): what stopping it would free."""
-        request = self._live_request(gen.spec.gen_id)
-        return self._only_held(request.request_id) if request is not None else 0
+        request = self.live_request(gen.spec.gen_id)
+        return self._core.blocks_held_alone(request) if request is not None else 0
 
     def generation_of(self, request_id: str) -> str | None:
         """The generation behind one of our request ids, while that request is live."""
@@ -98,7 +96,7 @@ class VllmRequests:
 
     def by_generation(self) -> Iterator[tuple[str, Any]]:
         """(generation id, vLLM's request object) for each request vLLM holds for one of our generations."""
-        for key, request in self._scheduler().requests.items():
+        for key, request in self._core.requests():
             gen_id = self._gen_id_of(key)
             if gen_id is not None:
                 yield gen_id, request
@@ -130,11 +128,11 @@ class VllmRequests:
     def pause(self, gen: Generation) -> bool:
         """Pause ``gen``'s running request in place, its KV kept; False (nothing done) while it is still waiting or
         prefilling: nothing worth keeping in place."""
-        request = self._live_request(gen.spec.gen_id)
-        if request is None or request.num_computed_tokens < request.num_tokens - 1:
+        request = self.live_request(gen.spec.gen_id)
+        if request is None or not internals.is_decoding(request):
             return False
         self._paused_blocks = None
-        request.next_decode_eligible_step = PAUSED
+        internals.pause(request)
         gen.paused = request
         self._paused[gen.spec.gen_id] = gen
         return True
@@ -143,28 +141,19 @@ class VllmRequests:
         """Let vLLM schedule ``gen``'s paused request again; return it."""
         self._paused_blocks = None
         request, gen.paused = gen.paused, None
-        request.next_decode_eligible_step = 0
+        internals.unpause(request)
         del self._paused[gen.spec.gen_id]
         return request
 
     def append(self, request: Any, appended: list[int], context_tokens: int, max_tokens: int,
-               forced: list[int] | None) -> None:
-        """Continue the unpaused ``request`` with ``appended`` ids, its KV kept, to ``context_tokens`` in all.
+               forced: list[int] | None) -> int:
+        """Continue the unpaused ``request`` with ``appended`` ids, its KV kept, to ``context_tokens`` in all, first
+        aborting paused requests until the blocks that takes are free; return the context tokens whose KV was kept.
         vLLM's streaming-input update drops the last sampled token (its KV unwritten) and appends the given ids as
         prompt: that token again, then ``appended``; the grammar matcher, which never saw ``appended``, goes on from
         the plan text."""
-        scheduler = self._scheduler()
-        scheduler.running.remove(request)
-        self.make_room(self.blocks_for(context_tokens + 1) - self.blocks_for(request.num_tokens))
-        last_sampled = request.all_token_ids[request.num_computed_tokens:]
-        params = request.sampling_params.clone()
-        params.max_tokens = max_tokens
-        if forced is not None:
-            params.extra_args = {**(params.extra_args or {}), FORCED_KEY: forced}
-        update = StreamingUpdate(mm_features=None, prompt_token_ids=last_sampled + appended, max_tokens=max_tokens,
-                                 arrival_time=time.time(), sampling_params=params)
-        scheduler._update_request_as_session(request, update)
-        scheduler._enqueue_waiting_request(request)
+        self.make_room(self.blocks_for(context_tokens + 1) - self.blocks_for(internals.num_tokens(request)))
+        return self._core.append(request, appended, max_tokens, {FORCED_KEY: forced} if forced is not None else None)
 
     def stop(self, gen: Generation) -> None:
         """Abort ``gen``'s request, paused or not (nothing when it has none)."""
@@ -186,9 +175,7 @@ class VllmRequests:
     def make_room(self, blocks: int, slot: bool = False) -> None:
         """Abort paused requests, oldest first, until ``blocks`` are free (and with ``slot``, vLLM's
         batch has room for one more request), so vLLM never preempts or queues on their account."""
-        scheduler = self._scheduler()
-        while self._paused and (self._pool_free() < blocks or slot and
-                                len(scheduler.running) + len(scheduler.waiting) >= self._slots):
+        while self._paused and (self._pool_free() < blocks or slot and self._core.batch_size() >= self._slots):
             self.stop(next(iter(self._paused.values())))
 
     def free_room_for_waiting(self) -> None:
@@ -196,36 +183,28 @@ class VllmRequests:
         blocks paused ones hold: a request resumed or started after the batch or the memory filled (two starts
         at one scheduling point may count the same free blocks) is running to our scheduler and must not wait
         behind requests that compute nothing."""
-        scheduler = self._scheduler()
-        while self._paused and self._waiting_needs_room(scheduler):
+        while self._paused and self._waiting_needs_room():
             self.stop(next(iter(self._paused.values())))
 
-    def _waiting_needs_room(self, scheduler: Any) -> bool:
-        if not (scheduler.waiting or scheduler.kv_holding_waiting):
+    def _waiting_needs_room(self) -> bool:
+        head = self._core.waiting_head_tokens()
+        if head is None:
             return False
-        if len(scheduler.running) >= self._slots:
+        if self._core.running_count() >= self._slots:
             return True
-        queue = scheduler.waiting or scheduler.kv_holding_waiting
-        return self._pool_free() < self.blocks_for(queue.peek_request().num_tokens + 1)
+        return self._pool_free() < self.blocks_for(head + 1)
 
-    def _live_request(self, gen_id: str) -> Any:
-        """vLLM's request object for ``gen_id``'s live request (keyed by our id plus a suffix), if running."""
-        for key, request in self._scheduler().requests.items():
+    def live_request(self, gen_id: str) -> Any:
+        """vLLM's request object for ``gen_id``'s live request (keyed by our id plus a suffix), if running (paused
+        in place too); an opaque handle for vllm_internals' functions."""
+        for key, request in self._core.requests():
             if self._gen_id_of(key) == gen_id:
-                return request if request.status == RequestStatus.RUNNING else None
+                return request if internals.is_running(request) else None
         return None
 
     def _gen_id_of(self, vllm_request_id: str) -> str | None:
         """The generation behind a vLLM request id: vLLM keys its requests by ours plus "-" and a suffix."""
         return self._by_request.get(vllm_request_id) or self._by_request.get(vllm_request_id.rpartition("-")[0])
 
-    def _only_held(self, vllm_request_id: str) -> int:
-        """KV blocks only this vLLM request holds: what stopping it would free."""
-        blocks = self._scheduler().kv_cache_manager.coordinator.get_blocks(vllm_request_id)
-        return sum(1 for group in blocks for block in group if block.ref_cnt == 1)
-
     def _pool_free(self) -> int:
-        return self._scheduler().kv_cache_manager.block_pool.get_num_free_blocks()
-
-    def _scheduler(self) -> Any:
-        return self._engine.engine_core.engine_core.scheduler
+        return self._core.free_blocks()

@@ -275,4 +275,22 @@ def _blank(quoted: re.Match[str]) -> str:
 
 
 def _split_args(raw: str) -> tuple[str, ...]:
-    return tuple(a.strip().strip("'\"") for a in raw.split(",") if a.strip())
+    """A call's arguments: split at the commas outside quoted literals, each stripped of its one pair of quotes
+    (``'Hi, there', 3`` -> ``Hi, there`` and ``3``). The grammars have no escapes: a literal ends at its quote."""
+    args, start, quote = [], 0, None
+    for i, ch in enumerate(raw):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ",":
+            args.append(raw[start:i])
+            start = i + 1
+    args.append(raw[start:])
+    return tuple(_unquoted(a.strip()) for a in args if a.strip())
+
+
+def _unquoted(arg: str) -> str:
+    if len(arg) >= 2 and arg[0] == arg[-1] and arg[0] in "'\"":
+        return arg[1:-1]
+    return arg

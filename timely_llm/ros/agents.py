@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from rclpy.callback_groups import CallbackGroup
 from rclpy.node import Node
 from rclpy.publisher import Publisher
+from rclpy.subscription import Subscription
 from std_msgs.msg import String
 from timely_llm_interfaces.names import agent_topics, cancel_topic, report_topic
 from timely_llm_interfaces.qos import AGENT_QOS, DEEP_RELIABLE
@@ -56,13 +57,13 @@ class TopicEndpoints:
 
     segments: Publisher
     results: Publisher
-    cancel: object
+    cancel: Subscription
     """Its handle in the pump."""
 
 
 @dataclass
 class _Agent:
-    report: object
+    report: Subscription
     """Its handle in the pump."""
     topic: TopicEndpoints | None = None
     idle_since: float | None = None

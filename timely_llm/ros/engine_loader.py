@@ -7,6 +7,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from rclpy.parameter import Parameter
 
@@ -15,14 +16,14 @@ from timely_llm.core.features import Features
 from timely_llm.core.policies import serving_policy
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import Engine
-from timely_llm.engines.vllm_args import engine_args, from_parameters
-from timely_llm.models.hub import check_if_hub_id
+from timely_llm.engines.registry import ENGINE_PREFIXES, ENGINES, EngineSettings, engine_kind
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.fleet_file import Fleet, load_fleet, open_fleet
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
-from timely_llm.ros.parameters import ENGINE_PREFIXES, foreign_engine_parameters, foreign_engine_refusal
+from timely_llm.ros.parameters import foreign_engine_parameters, foreign_engine_refusal
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import ServerNode
 from timely_llm.server import Server
 from timely_llm.serving import ServerConfig, build_server
 from timely_llm.traces import load_catalog
@@ -37,7 +38,7 @@ LOAD_POLL_S = 0.1
 class EngineLoader:
     """Builds the server from the node's parameters (``load``) and releases it (``release_later``)."""
 
-    def __init__(self, node: object, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
+    def __init__(self, node: ServerNode, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
         self._node, self._clock, self._desk, self._shutting_down = node, clock, desk, shutting_down
         self._param = node.param
         self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor
@@ -51,8 +52,8 @@ class EngineLoader:
         loading: concurrent.futures.Future = concurrent.futures.Future()
         threading.Thread(target=self._build, args=(loading,), name="timely_llm_engine_load", daemon=True).start()
         began, log = time.monotonic(), self._node.get_logger()
-        what = f"engine {self._param('engine')}" + {"sim": "", "remote": f" at {self._param('remote.url')}"}.get(
-            self._param("engine"), f" model {self._param('model')}")
+        kind = ENGINES.get(self._param("engine"))  # an unknown one: the loader says so
+        what = kind.loading(self._param) if kind else f"engine {self._param('engine')}"
         set_phase(f"configuring: loading {what}")
         log.info(f"configuring: loading {what} ...")
         next_log = began + LOAD_PROGRESS_S
@@ -88,7 +89,8 @@ class EngineLoader:
     def goal_rules(self, server: Server, fleet: Fleet) -> GoalRules:
         fleet.check_types(set(server.robots))
         return GoalRules(server.robots, self._catalog, server.engine.tokenizer.encode,
-                         self._param("max_prompt_tokens"), default_tufs(self._param), self._param("engine") == "sim",
+                         self._param("max_prompt_tokens"), default_tufs(self._param),
+                         engine_kind(self._param("engine")).simulated,
                          self._param("max_task_chars"), fleet, self._param("max_new_tokens"))
 
     def _fleet(self) -> Fleet:
@@ -124,6 +126,7 @@ class EngineLoader:
             serving_policy(policy)
         except ValueError as exc:
             raise ValueError(f"parameter policy {exc}") from None
+        engine_kind(self._param("engine"))
         self._check_engine_parameters()
         self._catalog = load_catalog()
         files = [f for f in self._node.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
@@ -143,7 +146,7 @@ class EngineLoader:
         """ValueError naming the parameters of another engine than this node's, set to other than their default."""
         engine, node = self._param("engine"), self._node
         values = {f"{prefix}{name}": p.value for prefix in ENGINE_PREFIXES.values()
-                  for name, p in node.get_parameters_by_prefix(prefix.rstrip(".")).items()}
+                  for name, p in node.parameters_by_prefix(prefix.rstrip(".")).items()}
         foreign = foreign_engine_parameters(engine, values, node.defaults)
         if foreign:
             raise ValueError(foreign_engine_refusal(engine, foreign))
@@ -153,8 +156,9 @@ class EngineLoader:
         (``estimator_profile``). Refused before the engine loads if a part needs a profile there is none of."""
         from timely_llm.engines.hardware import estimator_profile
 
-        model = self._param("remote.model") if self._param("engine") == "remote" else self._param("model")
-        profile = estimator_profile(self._param("estimator_profile"), self._param("engine"), model or None,
+        kind = engine_kind(self._param("engine"))
+        model = self._param(kind.model_parameter)
+        profile = estimator_profile(self._param("estimator_profile"), kind.simulated, model or None,
                                     self._param("hw_profile"))
         return ServerConfig(policy, self._param("network_latency"), Features.parse(self._param("features")),
                             self._param("max_batch") or None, self._param("max_new_tokens"), step_profile=profile,
@@ -162,30 +166,15 @@ class EngineLoader:
                                                 "(write one with timely-llm profile)")
 
     def _make_engine(self, config: ServerConfig) -> Engine:
-        if self._param("engine") == "vllm":
-            check_if_hub_id(self._param("model"))  # before vLLM's import: an unreachable Hub fails in seconds
-            from timely_llm.engines.vllm_engine import VllmEngine
-
-            vllm = self._node.get_parameters_by_prefix("vllm")
-            given = from_parameters({n: p.value for n, p in vllm.items()})
-            set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
-            return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
-                              max_batch=config.max_batch, **engine_args(given, set_by_policy))
-        if self._param("engine") == "remote":
-            from timely_llm.engines.remote import RemoteEngine
-            from timely_llm.engines.remote_settings import PREFIX, RemoteSettings
-
-            given = self._node.get_parameters_by_prefix(PREFIX.rstrip("."))
-            return RemoteEngine(RemoteSettings.parse({n: p.value for n, p in given.items()}))
-        if self._param("engine") != "sim":
-            raise ValueError(f"parameter engine must be sim, vllm or remote, got {self._param('engine')!r}")
-        from timely_llm.engines.hardware import load_profile
-        from timely_llm.engines.sim import SimEngine
-
-        return SimEngine(load_profile(self._param("hw_profile")))
+        """The engine the ``engine`` parameter names, built by its registry entry (``engines/registry.py``)."""
+        kind = engine_kind(self._param("engine"))
+        own = self._node.parameters_by_prefix(kind.section) if kind.section else {}
+        set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
+        return kind.factory(EngineSettings(self._param, {n: p.value for n, p in own.items()}, config.max_batch,
+                                           set_by_policy))
 
 
-def default_tufs(param: Callable[[str], object]) -> dict[str, TUF]:
+def default_tufs(param: Callable[[str], Any]) -> dict[str, TUF]:
     """The default TUF of each category, from the ``tuf.<category>.<field>`` parameters."""
     return {c: TUF(*(param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta"))) for c in CATEGORIES}
 

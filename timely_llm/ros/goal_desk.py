@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 
 from action_msgs.msg import GoalInfo, GoalStatus
-from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
 from rclpy.task import Future
 from timely_llm_interfaces.names import MAX_ID_CHARS, REQUEST_PLAN, agent_id_error
 from timely_llm_interfaces.qos import action_server_qos
+from timely_llm_interfaces.rclpy_compat import CancelScreeningActionServer
 
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.errors import RequestRejected
@@ -29,6 +29,7 @@ from timely_llm.ros.messages import aborted_result, result_message, segment_mess
 from timely_llm.ros.quotas import AgentQuotas
 from timely_llm.ros.reports import instant
 from timely_llm.ros.server_loop import ServerLoop, cancel
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.ros.topic_requests import TopicRequests
 from timely_llm.server import PlanRequest, Server
@@ -40,12 +41,12 @@ EXECUTING = "executing"
 class GoalDesk:
     """Goals and topic requests from robots to the server loop; segments and ends from the Server to the robots."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object,
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, guarded: Guard,
                  on_report: Callable[[str, SegmentDone], None]) -> None:
         """``on_report(agent, report)``: a report that came on ``agent``'s own topic (``robot_reports``)."""
         self._node, self._loop, self._ledger = node, loop, ledger
         self.serving = False  # active: goals are accepted
-        self._rules: GoalRules | None = None  # set at configure, and by live parameters
+        self._goal_rules: GoalRules | None = None  # set at configure, and by live parameters
         self._checked: tuple[int, PlanRequest] | None = None  # the goal just checked, for its accepted callback
         self._outbox: collections.deque[tuple[str, object]] = collections.deque()
         self._group = node.goals_group  # goal, cancel, result requests, outbox: one at a time
@@ -64,18 +65,18 @@ class GoalDesk:
     @property
     def rules(self) -> GoalRules | None:
         """What the next goal is checked against: set at configure, and by live parameters."""
-        return self._rules
+        return self._goal_rules
 
     @rules.setter
     def rules(self, rules: GoalRules | None) -> None:
-        self._rules = rules
+        self._goal_rules = rules
         self.agents.named = frozenset(rules.fleet.named) if rules is not None else frozenset()
 
     def open(self, result_timeout: float) -> None:
         """The ``request_plan`` action and the ``task_requests`` topic."""
         self.topics.open()
         self._action = OwnGoalsActionServer(self._node, RequestPlan, REQUEST_PLAN, execute_callback=_conclude,
-                                    on_refused_cancel=self._log.warn, callback_group=self._group,
+                                            on_refused_cancel=self._log.warn, callback_group=self._group,
                                     goal_callback=self._guarded(self._on_goal, GoalResponse.REJECT),
                                     handle_accepted_callback=self._guarded(self._on_accepted),
                                     cancel_callback=self._guarded(self._on_cancel, CancelResponse.REJECT),
@@ -96,7 +97,7 @@ class GoalDesk:
         try:
             self._check_serving()
             notes: list[str] = []
-            plan = plan_from_goal(goal, "", self.rules, notes)
+            plan = plan_from_goal(goal, "", self._rules(), notes)
             self._check_quota(goal.agent_id)
             too_many = self.agents.admit(goal.agent_id)
             if too_many:
@@ -120,6 +121,11 @@ class GoalDesk:
         if refused:
             raise RequestRejected(refused)
 
+    def _rules(self) -> GoalRules:
+        if self.rules is None:  # set at configure, before the node serves
+            raise RequestRejected("server is not configured")
+        return self.rules
+
     def _tell(self, agent: str, notes: list[str]) -> None:
         """Log (throttled) what was clamped in an accepted request."""
         if notes:
@@ -140,7 +146,7 @@ class GoalDesk:
         goal = goal_handle.request
         self._ledger.open(request_id, goal.agent_id, not goal.no_execution_reports, goal_handle)
         try:
-            plan = checked[1] if checked and checked[0] == id(goal) else plan_from_goal(goal, "", self.rules)
+            plan = checked[1] if checked and checked[0] == id(goal) else plan_from_goal(goal, "", self._rules())
         except RequestRejected as exc:
             self.end_unserved(request_id, str(exc))
             return
@@ -151,7 +157,7 @@ class GoalDesk:
         """Serve a task request from the topic as a goal is served; RequestRejected says why it cannot be."""
         self._check_serving()
         notes: list[str] = []
-        plan = plan_from_goal(request, request_id, self.rules, notes)
+        plan = plan_from_goal(request, request_id, self._rules(), notes)
         self._check_quota(request.agent_id)
         self._tell(request.agent_id, notes)
         self._ledger.open(request_id, request.agent_id, not request.no_execution_reports)
@@ -250,8 +256,8 @@ class GoalDesk:
             if isinstance(item, RequestPlan.Feedback):
                 goal_handle.publish_feedback(item)
             elif goal_handle.status == GoalStatus.STATUS_ACCEPTED:  # not CANCELING
-                self._running[request_id] = ended = Future()
-                goal_handle.execute(functools.partial(self._conclude_when_ended, ended))
+                self._running[request_id] = waiting = Future()
+                goal_handle.execute(functools.partial(self._conclude_when_ended, waiting))
             return
         goal_handle = self._ledger.to_conclude(request_id)
         if goal_handle is None:
@@ -284,28 +290,16 @@ class GoalDesk:
         return result
 
 
-class OwnGoalsActionServer(ActionServer):
+class OwnGoalsActionServer(CancelScreeningActionServer):
     """rclpy's ActionServer honouring only cancels that name one goal. ROS lets a CancelGoal request with a zero
     goal id cancel every goal (with a stamp: every goal accepted before it, whatever the id), so any one client
     could end every robot's plan; such a request is refused whole (``ERROR_REJECTED``, no goal canceling) and
-    ``on_refused_cancel(client, line)`` told. Which client sent it is not known: they share one throttle."""
+    ``on_refused_cancel(client, line)`` told. Which client sent it is not known: they share one throttle.
+    (The refusal rests on rclpy's private API: ``CancelScreeningActionServer``, in rclpy_compat.)"""
 
     def __init__(self, *args: object, on_refused_cancel: Callable[[str, str], None], **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self._on_refused_cancel = on_refused_cancel
-
-    async def _execute_cancel_request(self, request_header_and_message: tuple) -> None:
-        request_header, request = request_header_and_message
-        refused = cancel_scope_error(request.goal_info)
-        if refused is None:
-            await super()._execute_cancel_request(request_header_and_message)
-            return
-        self._on_refused_cancel("cancel requests", f"refused a cancel request: {refused}")
-        try:
-            self._handle.send_cancel_response(request_header, CancelGoal.Response(
-                return_code=CancelGoal.Response.ERROR_REJECTED))
-        except RuntimeError:  # rclpy's RCLError (a RuntimeError): the client went away
-            pass
+        super().__init__(*args, screen_cancel=cancel_scope_error, on_refused_cancel=lambda reason: on_refused_cancel(
+            "cancel requests", f"refused a cancel request: {reason}"), **kwargs)
 
 
 def cancel_scope_error(goal_info: GoalInfo) -> str | None:

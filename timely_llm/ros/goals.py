@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
+from timely_llm_interfaces.fields import oversized
 from timely_llm_interfaces.names import MAX_ID_CHARS, agent_id_error
 
 from timely_llm.core.tuf import TUF
@@ -22,7 +24,7 @@ MAX_ERT_S = 3600.0
 MAX_TUF_SLOPE = 1e6
 MAX_TUF_BETA = 1e6
 
-Goal = RequestPlan.Goal | TaskRequest
+Goal: TypeAlias = RequestPlan.Goal | TaskRequest
 """A request from either interface: the action's goal or the topic's message."""
 
 
@@ -45,8 +47,12 @@ class GoalRules:
 
 
 def screen(goal: Goal, rules: GoalRules) -> FleetEntry:
-    """The fleet entry of the goal's agent; RequestRejected if the agent id is malformed, the fleet file does not
-    name the agent or it may not ask for the goal's robot type. Cheap: checked before anything else."""
+    """The fleet entry of the goal's agent; RequestRejected if a string is over its bound, the agent id is
+    malformed, the fleet file does not name the agent or it may not ask for the goal's robot type. Cheap: checked
+    before anything else."""
+    too_long = oversized(goal)
+    if too_long:
+        raise RequestRejected(too_long)
     unnamed = agent_id_error(goal.agent_id)
     if unnamed:
         raise RequestRejected(unnamed)

@@ -7,9 +7,13 @@ import collections
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.reports import Executed, Instant, ReportBook
+
+if TYPE_CHECKING:
+    from rclpy.action.server import ServerGoalHandle
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reports = ReportBook(0.0, 0.0)
-        self._goals: dict[str, object] = {}  # request id -> rclpy ServerGoalHandle, until its result is handed over
+        self._goals: dict[str, ServerGoalHandle] = {}  # request id -> goal handle, until its result is handed over
         self._concluding: set[str] = set()  # requests whose goal's execute callback has yet to run
         self._totals: dict[str, CategoryTotals] = collections.defaultdict(CategoryTotals)
         self.finished = 0
@@ -52,7 +56,7 @@ class Ledger:
         with self._lock:
             self._reports.factor, self._reports.margin = factor, margin
 
-    def open(self, request_id: str, agent: str, reports: bool, goal_handle: object = None) -> None:
+    def open(self, request_id: str, agent: str, reports: bool, goal_handle: ServerGoalHandle | None = None) -> None:
         """A request accepted; ``goal_handle`` for an action goal (a topic request has none)."""
         with self._lock:
             if goal_handle is not None:
@@ -120,11 +124,11 @@ class Ledger:
             return (sorted((c, t.count, t.mean_utility) for c, t in self._totals.items()), self.finished,
                     self._reports.executing())
 
-    def goal(self, request_id: str) -> object | None:
+    def goal(self, request_id: str) -> ServerGoalHandle | None:
         """The goal handle of a request still in flight (executor, goals' callback group only)."""
         return self._goals.get(request_id)
 
-    def to_conclude(self, request_id: str) -> object | None:
+    def to_conclude(self, request_id: str) -> ServerGoalHandle | None:
         """The goal handle whose result is to be handed over now, marked concluding (None: not an action goal)."""
         with self._lock:
             goal_handle = self._goals.pop(request_id, None)

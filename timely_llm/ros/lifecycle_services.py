@@ -34,7 +34,7 @@ def regroup_lifecycle_services(node: LifecycleNode, transitions: CallbackGroup,
             group.add_entity(service)
     change_state = change_state_service.callback
 
-    def guarded_change_state(request: object, response: object) -> object:
+    def guarded_change_state(request: ChangeState.Request, response: ChangeState.Response) -> ChangeState.Response:
         with transition_lock:
             try:
                 return change_state(request, response)
@@ -44,12 +44,14 @@ def regroup_lifecycle_services(node: LifecycleNode, transitions: CallbackGroup,
                 response.success = False
                 return response
 
-    async def change_state_off_the_executor(request: object, response: object) -> object:
+    async def change_state_off_the_executor(request: ChangeState.Request,
+                                           response: ChangeState.Response) -> ChangeState.Response:
         # A coroutine callback: the executor polls it between other callbacks, so even a single-threaded
         # executor keeps answering get_state and the parameters while a configure loads the engine.
         return await _in_thread("timely_llm_transition", guarded_change_state, request, response)
 
-    change_state_service.callback = change_state_off_the_executor
+    # rclpy's executor awaits a coroutine callback; Service.callback's annotation allows only a plain function
+    change_state_service.callback = change_state_off_the_executor  # type: ignore[assignment]
 
 
 def _in_thread(name: str, function: Callable[..., object], *args: object) -> rclpy.task.Future:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
@@ -22,14 +23,15 @@ from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.parameters import refuse_while_configured
 from timely_llm.ros.server_loop import ServerLoop, set_max_new_tokens, use_policy
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.status import StatusReporter
 
 
 class LiveParameters:
     """The node's set-parameters callbacks: the check (any thread rclpy calls it on) and the post-set apply."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, reporter: StatusReporter,
-                 guarded: object) -> None:
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, reporter: StatusReporter,
+                 guarded: Guard) -> None:
         self._node, self._loop, self._ledger, self._desk, self._reporter = node, loop, ledger, desk, reporter
         apply = guarded(self._apply)
         if hasattr(node, "add_post_set_parameters_callback"):
@@ -69,13 +71,14 @@ class LiveParameters:
         given = {p.name: p.value for p in params}
         names = set(given)
 
-        def param(name: str) -> object:
+        def param(name: str) -> Any:
             return given[name] if name in given else self._node.param(name)
 
-        if self._node.server is not None and (names & {"max_task_chars", "max_prompt_tokens", "max_new_tokens"}
-                                              or any(n.startswith("tuf.") for n in names)):
+        rules = self._desk.rules if self._node.server is not None else None  # set together at configure
+        if rules is not None and (names & {"max_task_chars", "max_prompt_tokens", "max_new_tokens"}
+                                  or any(n.startswith("tuf.") for n in names)):
             self._desk.rules = dataclasses.replace(
-                self._desk.rules, default_tufs=default_tufs(param), max_prompt_tokens=param("max_prompt_tokens"),
+                rules, default_tufs=default_tufs(param), max_prompt_tokens=param("max_prompt_tokens"),
                 max_task_chars=param("max_task_chars"), max_new_tokens=param("max_new_tokens"))
         self._ledger.set_timeouts(param("segment_timeout_factor"), param("segment_timeout_margin"))
         if "status_period" in names:

@@ -46,12 +46,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import rclpy
 import rclpy.executors
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from timely_llm_interfaces.rclpy_compat import spinning
@@ -61,6 +62,7 @@ from timely_llm.core.features import Features
 from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
+from timely_llm.engines.registry import engines_help
 from timely_llm.engines.remote_settings import parameters as remote_parameters
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.engines.vllm_args import shipped_parameters
@@ -75,6 +77,7 @@ from timely_llm.ros.live_parameters import LiveParameters
 from timely_llm.ros.parameters import CONFIGURE_TIME_PREFIXES, descriptor
 from timely_llm.ros.robot_reports import RobotReports
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import ServerNode
 from timely_llm.ros.status import StatusReporter
 from timely_llm.server import Server
 
@@ -95,8 +98,7 @@ params file serves what the launch file serves (config/timely_llm.yaml is the on
 
 PARAMETERS: dict[str, tuple[object, str]] = {
     "autostart": (True, "configure and activate at startup (else wait for lifecycle transitions)"),
-    "engine": (SHIPPED, "vllm (embedded vLLM), sim (calibrated simulator, needs trace_id goals) "
-                       "or remote (OpenAI-compatible servers at remote.url)"),
+    "engine": (SHIPPED, f"the engine: {engines_help()}"),
     "model": (SHIPPED, "engine vllm: smollm2 (SmolLM2-135M-Instruct), tiny (random test model), a directory "
                        "or a Hugging Face model id"),
     "kv_cache_gib": (SHIPPED, "engine vllm: KV cache size in GiB; 0 = vLLM sizes it (vllm.gpu_memory_utilization)"),
@@ -105,7 +107,7 @@ PARAMETERS: dict[str, tuple[object, str]] = {
                               "(name or YAML file from timely-llm profile); empty = hw_profile on sim, the shipped "
                               "SmolLM2 fit on vllm"),
     "skill_models": (SHIPPED, "skill-model YAML files; empty = the shipped ones"),
-    "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)}"),
+    "policy": (SHIPPED, f"serving policy: {', '.join(POLICIES)} (timely-llm --help says what each does)"),
     "features": ("default", f"scheduler parts on: comma list of {', '.join(Features.names())}; all, none, default"),
     "max_batch": (SHIPPED, "batch cap: most generations at once, for the scheduler and the engine (vllm: vLLM's "
                            "max_num_seqs is this + 64 slots for paused ones; remote: at most remote.max_num_seqs x "
@@ -172,10 +174,10 @@ class NodeStartError(RuntimeError):
     """The node cannot start (a parameter out of range, no robot type installed), or its autostart failed."""
 
 
-class TimelyLlmNode(LifecycleNode):
+class TimelyLlmNode(ServerNode):
     """The lifecycle and its parts: goal intake and delivery, robots' reports, status, live parameters."""
 
-    def __init__(self, **node_kwargs: object) -> None:
+    def __init__(self, **node_kwargs: Any) -> None:
         super().__init__("timely_llm_server", automatically_declare_parameters_from_overrides=True, **node_kwargs)
         self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
@@ -206,9 +208,6 @@ class TimelyLlmNode(LifecycleNode):
 
     # ----- setup -----
 
-    def param(self, name: str):  # noqa: ANN201 - the parameter's value
-        return self.get_parameter(name).value
-
     @property
     def goal_rules(self) -> GoalRules | None:
         """What the next goal is checked against (None until configured)."""
@@ -237,7 +236,7 @@ class TimelyLlmNode(LifecycleNode):
         run fails configure. rclpy declares every parameter given at construction (the public way to see them);
         the node's own and the engines' are declared again here with their descriptors (and ranges)."""
         self.defaults = parameter_defaults()
-        given = self.get_parameters_by_prefix("")
+        given = self.parameters_by_prefix("")
         engine_args = {name: p.value for name, p in given.items()
                        if name.startswith(CONFIGURE_TIME_PREFIXES) and name not in self.defaults}
         for name, default in (self.defaults | engine_args).items():
@@ -309,11 +308,6 @@ class TimelyLlmNode(LifecycleNode):
     def trigger_cleanup(self) -> TransitionCallbackReturn:
         with self._transition_lock:
             return super().trigger_cleanup()
-
-    @property
-    def lifecycle_state(self) -> str:
-        """The lifecycle state's label: unconfigured, configuring, inactive, active, ..."""
-        return self._state
 
     # ----- lifecycle -----
 

@@ -18,17 +18,15 @@ from collections.abc import Iterable, Mapping
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.parameter import Parameter
 
+from timely_llm.engines.registry import ENGINE_PREFIXES
+
 READ_ONLY = frozenset({"autostart", "result_timeout"})
 LIVE = frozenset({"policy", "max_task_chars", "max_prompt_tokens", "max_new_tokens", "segment_timeout_factor",
                   "segment_timeout_margin", "status_period"})
 LIVE_PREFIXES = ("tuf.",)
-ENGINE_PREFIXES = {
-    "vllm": "vllm.",
-    "remote": "remote.",
-}
-"""Each engine's own parameters, by name prefix: configure-time (the engine is built at configure), and refused at
-configure on a node whose engine is another (``foreign_engine_parameters``)."""
 CONFIGURE_TIME_PREFIXES = tuple(ENGINE_PREFIXES.values())
+"""Each engine's own parameters (``engines/registry.py``), by name prefix: configure-time (the engine is built at
+configure), and refused at configure on a node whose engine is another (``foreign_engine_parameters``)."""
 
 _FLOAT_RANGES = {
     "kv_cache_gib": (0.01, 4096.0),

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from timely_llm_interfaces.names import MAX_ID_CHARS
 
+from timely_llm.clock import WallClock
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.messages import FieldError, duration_seconds, stamp_seconds
+
+if TYPE_CHECKING:
+    from rclpy.clock import Clock
 
 REPORT_SLACK_S = 1.0
 """How far a reported execution may reach outside the time since its segment's dispatch: before the dispatch, or
@@ -24,7 +29,7 @@ class Instant:
     server: float
 
 
-def instant(ros_clock: object, server_clock: object) -> Instant:
+def instant(ros_clock: Clock, server_clock: WallClock) -> Instant:
     """Now on the node's ROS clock (an rclpy Clock) and on the server's."""
     return Instant(ros_clock.now().nanoseconds * 1e-9, server_clock.now())
 

@@ -16,11 +16,13 @@ queued and handed to the goals' callback group by a guard condition, as every re
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from collections.abc import Callable
 
 from rclpy.callback_groups import CallbackGroup
 from rclpy.node import Node
+from rclpy.subscription import Subscription
 from timely_llm_interfaces.names import TASK_REQUESTS, agent_id_error
 from timely_llm_interfaces.qos import TASK_REQUESTS_QOS
 
@@ -42,8 +44,8 @@ class RequestTopics:
     def __init__(self, node: Node, pump: TopicPump, on_request: Callable[[str, TaskRequest], None],
                  may_ask: Callable[[str], bool], named: Callable[[str], bool], group: CallbackGroup) -> None:
         self._node, self._pump, self._on_request, self._may_ask, self._named = node, pump, on_request, may_ask, named
-        self._subscribed: dict[str, object] = {}  # agent -> its subscription in the pump
-        self._inbox: collections.deque[tuple[str, TaskRequest]] = collections.deque()
+        self._subscribed: dict[str, Subscription] = {}  # agent -> its subscription in the pump
+        self._inbox: collections.deque[tuple[str, object]] = collections.deque()
         self._ready = node.create_guard_condition(self._drain, callback_group=group)
         self._pruned_at = time.monotonic()
         namespace = node.get_namespace().rstrip("/")
@@ -64,8 +66,7 @@ class RequestTopics:
             self._prune()
         for agent in new[:max(0, MAX_TOPICS - len(self._subscribed))]:
             self._subscribed[agent] = self._pump.subscribe(
-                TaskRequest, own_request_topic(agent), TASK_REQUESTS_QOS,
-                lambda request, agent=agent: self._queue(agent, request))
+                TaskRequest, own_request_topic(agent), TASK_REQUESTS_QOS, functools.partial(self._queue, agent))
 
     def _agent_of(self, name_and_types: tuple[str, list[str]]) -> str | None:
         name, types = name_and_types
@@ -83,7 +84,7 @@ class RequestTopics:
                 self._pump.unsubscribe(handle)
                 del self._subscribed[agent]
 
-    def _queue(self, agent: str, request: TaskRequest) -> None:
+    def _queue(self, agent: str, request: object) -> None:
         """The pump's thread: hand the request to the goals' callback group."""
         self._inbox.append((agent, request))
         self._ready.trigger()

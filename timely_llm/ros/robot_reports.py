@@ -8,12 +8,14 @@ from __future__ import annotations
 import functools
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from timely_llm_interfaces.fields import oversized
 from timely_llm_interfaces.names import MAX_ID_CHARS
 
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.reports import Executed, Instant, ReportRefused, instant
 from timely_llm.ros.server_loop import ServerLoop, abort, executed
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.throttle import ThrottledLog
 from timely_llm.server import Server
 
@@ -24,7 +26,7 @@ MAX_REASON_CHARS = 200
 class RobotReports:
     """A report is checked against the ledger and queued for the loop; the watchdog ends what is overdue."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, guarded: object) -> None:
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, guarded: Guard) -> None:
         self._node, self._loop, self._ledger = node, loop, ledger
         self._log = ThrottledLog(node.get_logger().warning)
         node.create_timer(WATCHDOG_PERIOD_S, guarded(self._check_watchdog),
@@ -36,6 +38,9 @@ class RobotReports:
         try:
             if report.agent_id != agent:
                 raise ReportRefused(f"it names agent {report.agent_id[:MAX_ID_CHARS]!r}")
+            too_long = oversized(report)
+            if too_long:
+                raise ReportRefused(too_long)
             executed = self._ledger.take(report, received)
         except ReportRefused as refused:
             self._log.warn(agent, f"ignored SegmentDone on {agent!r}'s topic for goal "

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from timely_llm.clock import WallClock
 from timely_llm.core.policies import ServingPolicy
 from timely_llm.server import Server
 from timely_llm.serving import Driver
 
-Command = Callable[[Server], None]
+Command = Callable[[Server], object]
 """Something the server loop applies to the Server between engine steps."""
+
+
+class Log(Protocol):
+    """Where the loop's failures go: the node's logger."""
+
+    def error(self, message: str) -> object: ...
 
 
 class ServerLoop:
     """The node's thread running the one server loop (``serving.Driver``) over a configured server: ROS callbacks
     send it commands (its thread-safe inbox), applied between engine steps, until the node stops it."""
 
-    def __init__(self, clock: WallClock, log: object) -> None:
+    def __init__(self, clock: WallClock, log: Log) -> None:
         self.clock = clock
         self._log = log  # the node's logger
         self._driver = Driver(clock, on_error=self._failed)
@@ -59,8 +66,7 @@ class ServerLoop:
 def use_policy(policy: ServingPolicy, server: Server) -> None:
     """Another policy of the same serving mode and engine scheduling: only the queue's order differs, so switching
     between engine steps is safe for the requests in flight (LiveParameters refuses the others)."""
-    server.policy = policy
-    server.queue.policy = policy.queue_order(server.network_latency)
+    server.use_policy(policy)
 
 
 def set_max_new_tokens(value: int, server: Server) -> None:

@@ -6,12 +6,13 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm_interfaces.qos import SERVER_STATUS_QOS
 
-from timely_llm.core.request import Status
+from timely_llm.engines.registry import engine_kind
 from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.server_loop import ServerLoop
+from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.server import Server
 
 DIAGNOSTICS_PERIOD_S = 1.0
@@ -20,7 +21,7 @@ DIAGNOSTICS_PERIOD_S = 1.0
 class StatusReporter:
     """Publishes what the node serves with and how loaded it is; reads the Server under its lock, briefly."""
 
-    def __init__(self, node: object, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: object) -> None:
+    def __init__(self, node: ServerNode, loop: ServerLoop, ledger: Ledger, desk: GoalDesk, guarded: Guard) -> None:
         self._node, self._loop, self._ledger, self._desk = node, loop, ledger, desk
         self._engine_name = ""
         self._kv_blocks = -1
@@ -43,14 +44,13 @@ class StatusReporter:
         server = self._node.server
         if server is None or not self._desk.serving:
             return
-        with server.lock:  # read only, and brief: the loop holds it for a scheduling decision at most
-            queued, running = len(server.queue), len(server.running)
-            suspended = sum(r.status in (Status.PARKED, Status.SUSPENDED) for r in server.requests.values())
-            waiting = len(server.scheduler.blocked)
+        view = server.view()  # under the server's lock, briefly: the loop holds it for a decision at most
+        counts = view.counts
         totals, finished, executing = self._ledger.totals()
         self._status_pub.publish(ServerStatus(
-            stamp=self._node.get_clock().now().to_msg(), queue_length=queued, running=running, suspended=suspended,
-            executing=executing, waiting=waiting, finished=finished, policy=server.policy.name,
+            stamp=self._node.get_clock().now().to_msg(), queue_length=counts.queued, running=counts.running,
+            suspended=counts.suspended, executing=executing, waiting=counts.blocked, finished=finished,
+            policy=view.policy,
             engine=self._engine_name, categories=[CategoryStatus(name=category, mean_utility=mean, finished=count)
                                                   for category, count, mean in totals]))
 
@@ -67,17 +67,18 @@ class StatusReporter:
         server = node.server
         if server is None:
             return snap
-        with server.lock:
-            snap.queue, snap.running = len(server.queue), len(server.running)
-            snap.policy, snap.batch_cap = server.policy.name, server.batch.max_batch or 0
+        with server.lock:  # one instant: the server's lock is reentrant
+            view = server.view()
             snap.kv_free_blocks, snap.kv_blocks = server.engine.free_kv_blocks(), self._kv_blocks
+        snap.queue, snap.running, snap.policy, snap.batch_cap = (view.counts.queued, view.counts.running, view.policy,
+                                                                 view.batch_cap)
         snap.executing = self._ledger.executing()
         snap.last_step_s = self._loop.last_step_s
         snap.loop_alive = self._loop.alive()
         return snap
 
     def _device(self) -> str:
-        if self._node.param("engine") == "sim":
+        if engine_kind(self._node.param("engine")).simulated:
             return f"simulated ({self._node.param('hw_profile')})"
         engine = self._node.server.engine if self._node.server is not None else None
         return str(getattr(engine, "device", "") or "")

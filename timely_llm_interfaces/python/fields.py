@@ -4,6 +4,7 @@ and a goal's overrun strategy."""
 from __future__ import annotations
 
 import math
+import re
 
 from builtin_interfaces.msg import Duration as DurationMsg
 from builtin_interfaces.msg import Time as TimeMsg
@@ -82,3 +83,31 @@ def overrun_name(code: int) -> str:
     except KeyError:
         known = ", ".join(f"{c} {name}" for c, name in _OVERRUN_NAMES.items())
         raise FieldError(f"unknown overrun_strategy {code} (known: {known})") from None
+
+
+def string_bound(msg_type: type, field: str) -> int | None:
+    """The bound of a ``string<=N`` field of a message type, or of each string of a sequence of them (None for an
+    unbounded one): the .msg file is its one definition, read here from the generated class."""
+    bounded = re.search(r"string<(\d+)>", msg_type.get_fields_and_field_types()[field])  # rosidl writes string<N>
+    return int(bounded.group(1)) if bounded else None
+
+
+def clipped(text: str, msg_type: type, field: str) -> str:
+    """``text`` cut to the bound of ``msg_type``'s string ``field``: what the node writes must fit, as rclpy refuses
+    a longer string when the field is set."""
+    bound = string_bound(msg_type, field)
+    return text if bound is None or len(text) <= bound else text[:bound]
+
+
+def oversized(msg: object) -> str | None:
+    """Which string field of a received message is longer than its bound, in one line, or None. The bounds are in
+    the type, but rclpy checks them only where ROS_PYTHON_CHECK_FIELDS=1 in the sender, and the middleware delivers
+    longer strings: the receiver checks."""
+    for field in msg.get_fields_and_field_types():
+        bound = string_bound(type(msg), field)
+        value = getattr(msg, field)
+        texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        longest = max((len(t) for t in texts if isinstance(t, str)), default=0)
+        if bound is not None and longest > bound:
+            return f"{field} of {longest} characters is longer than its bound {bound}"
+    return None

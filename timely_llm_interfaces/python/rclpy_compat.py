@@ -1,18 +1,29 @@
 """What both ends of the wire need of rclpy beyond its public API, in one place: the names that moved between the
-distributions the node runs on (Humble, Jazzy), and an executor spun in a thread that stops cleanly.
+distributions the node runs on (Humble, Jazzy), an executor spun in a thread that stops cleanly, and an action
+server that may refuse a cancel request whole.
 
-Private rclpy read here: ``Executor._futures`` (``await_handlers``), the callbacks a MultiThreadedExecutor has
-handed to its threads, which Jazzy's ``shutdown()`` does not wait for."""
+Every use of rclpy's private API in timely_llm's packages is here (``test/test_public_rclpy.py`` holds it; the
+same in Humble and Jazzy), so that a new rclpy release is checked in one place:
+
+- ``await_handlers`` reads ``Executor._futures``, the callbacks a MultiThreadedExecutor has handed to its threads,
+  which Jazzy's ``shutdown()`` does not wait for;
+- ``CancelScreeningActionServer`` overrides ``ActionServer._execute_cancel_request`` and answers a refused cancel
+  request through the action server's ``_handle`` (``send_cancel_response``): rclpy's ``cancel_callback`` is asked
+  goal by goal, so it cannot refuse a request that names every goal without canceling some.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import rclpy
 import rclpy.executors
+from action_msgs.srv import CancelGoal
+from rclpy.action import ActionServer
 from rclpy.context import Context
 from rclpy.exceptions import InvalidHandle
 
@@ -21,7 +32,8 @@ try:  # Iron and later
 except ImportError:  # Humble
     from rclpy.qos_event import PublisherEventCallbacks, SubscriptionEventCallbacks
 
-__all__ = ["PublisherEventCallbacks", "SubscriptionEventCallbacks", "await_handlers", "spin", "spinning"]
+__all__ = ["CancelScreeningActionServer", "PublisherEventCallbacks", "SubscriptionEventCallbacks", "await_handlers",
+           "spin", "spinning"]
 
 EXECUTOR_THREADS = 8
 """A session shared with clients that may wait (tests, fleet, demo): one thread per callback group (goals and
@@ -83,3 +95,29 @@ def await_handlers(executor: rclpy.executors.Executor, timeout_s: float) -> None
     for task in list(getattr(executor, "_futures", ())):
         while not task.done() and time.monotonic() < deadline:
             time.sleep(0.005)
+
+
+class CancelScreeningActionServer(ActionServer):
+    """rclpy's ActionServer that screens each cancel request as a whole before rclpy asks ``cancel_callback`` goal
+    by goal: where ``screen_cancel(goal_info)`` (the request's ``action_msgs/GoalInfo``) gives a reason, the request
+    is refused whole (``ERROR_REJECTED``, no goal canceling) and ``on_refused_cancel(reason)`` told; where it gives
+    None, rclpy handles the request as usual."""
+
+    def __init__(self, *args: Any, screen_cancel: Callable[[Any], str | None],
+                 on_refused_cancel: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._screen_cancel = screen_cancel
+        self._on_refused_cancel = on_refused_cancel
+
+    async def _execute_cancel_request(self, request_header_and_message: tuple) -> None:
+        request_header, request = request_header_and_message
+        refused = self._screen_cancel(request.goal_info)
+        if refused is None:
+            await super()._execute_cancel_request(request_header_and_message)
+            return
+        self._on_refused_cancel(refused)
+        try:
+            self._handle.send_cancel_response(request_header, CancelGoal.Response(
+                return_code=CancelGoal.Response.ERROR_REJECTED))
+        except RuntimeError:  # rclpy's RCLError (a RuntimeError): the client went away
+            pass

@@ -14,9 +14,10 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from rclpy.action import ActionClient
 from rclpy.action.client import ClientGoalHandle
@@ -24,7 +25,7 @@ from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.task import Future as RclpyFuture
-from timely_llm_interfaces.fields import duration_msg, overrun_code, status_name
+from timely_llm_interfaces.fields import clipped, duration_msg, overrun_code, oversized, status_name
 from timely_llm_interfaces.names import REQUEST_PLAN, agent_id_error, report_topic
 from timely_llm_interfaces.qos import DEEP_RELIABLE, action_client_qos
 from timely_llm_interfaces.rclpy_compat import PublisherEventCallbacks
@@ -39,9 +40,12 @@ class Urgency(Protocol):
     """A goal's time-utility function, TUF(t) = min(beta, alpha * (t - ert) + beta): the node's
     ``timely_llm.core.tuf.TUF``, or any object with these three fields (ert in seconds)."""
 
-    ert: float
-    alpha: float
-    beta: float
+    @property
+    def ert(self) -> float: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def beta(self) -> float: ...
 
 
 
@@ -77,7 +81,9 @@ class TaskOutcome:
     exec_time: float = 0.0
     result_after_segments: bool = True
     """False if the result came before every segment of the plan had arrived."""
-    goal_handle: object = None
+    goal_handle: ClientGoalHandle | None = None
+    cancel_requested: bool = False
+    """The robot asked to cancel it: its segments not yet started are not executed."""
     finished: Future = field(default_factory=Future)
 
     def wait(self, timeout_s: float | None = None) -> TaskOutcome:
@@ -142,16 +148,33 @@ class PlanLink:
         return self.action.wait_for_server(timeout_sec=timeout_s)
 
 
-class RobotClient:
+class RobotLink(Protocol):
+    """What a robot requests its plans through: its node, and the way to the server (``PlanLink``'s action, a
+    topic in ``timely_llm_robot.topic_client``)."""
+
+    @property
+    def node(self) -> Node: ...
+
+    def wait_for_server(self, timeout_s: float = 30.0) -> bool: ...
+
+
+LinkT = TypeVar("LinkT", bound=RobotLink)
+
+
+class RobotClient(Generic[LinkT]):
     """One robot: requests plans and executes them; ``report=False`` makes a robot that never reports.
 
     ``network_delay`` emulates a one-way network latency (on loopback DDS there is next to none):
     a segment starts that long after it arrives, and its report leaves that long after it ends.
+    ``on_end`` is called with each task's outcome once it ends (result or rejection), on the node's executor: an
+    executor that drives a real robot stops what the task still has in flight there (see ``executors.nav2``).
     """
 
-    def __init__(self, link: PlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,
-                 report: bool = True, network_delay: float = 0.0) -> None:
+    def __init__(self, link: LinkT, agent_id: str, robot_type: str, runner: SegmentRunner,
+                 report: bool = True, network_delay: float = 0.0,
+                 on_end: Callable[[TaskOutcome], None] | None = None) -> None:
         self.link = link
+        self.on_end = on_end
         self.network_delay = network_delay
         self.agent_id = agent_id
         self.robot_type = robot_type
@@ -166,8 +189,9 @@ class RobotClient:
         self._worker = threading.Thread(target=self._execute_loop, name=f"robot-{agent_id}", daemon=True)
         self._worker.start()
 
-    def request(self, task: str, tuf: Urgency | None = None, trace_id: int = 0, max_new_tokens: int = 0,
-                label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
+    def request(self: RobotClient[PlanLink], task: str, tuf: Urgency | None = None, trace_id: int = 0,
+                max_new_tokens: int = 0, label: str = "", keep_if_infeasible: bool = False,
+                overrun_strategy: str = "") -> TaskOutcome:
         """Send a goal (``tuf=None``: the server's default for its category; ``overrun_strategy``: ``none`` or
         empty, ``kill``, ``skip-next``); ``wait()`` on what it returns."""
         ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
@@ -175,14 +199,21 @@ class RobotClient:
                                 tuf_ert=duration_msg(ert), tuf_alpha=alpha, tuf_beta=beta,
                                 max_new_tokens=max_new_tokens, trace_id=trace_id, keep_if_infeasible=keep_if_infeasible,
                                 overrun_strategy=overrun_code(overrun_strategy))
+        too_long = oversized(goal)
+        if too_long:
+            raise ValueError(f"goal not sent: {too_long}")
         outcome = TaskOutcome(label or self.agent_id, time.monotonic())
         sent = self.link.action.send_goal_async(goal, feedback_callback=lambda fb: self._on_feedback(outcome, fb))
         sent.add_done_callback(lambda f: self._on_response(outcome, f.result()))
         return outcome
 
-    def cancel(self, outcome: TaskOutcome) -> None:
-        """Ask the server to cancel an accepted task; its result then says canceled."""
-        self.link.action.cancel_goal_async(outcome.goal_handle)
+    def cancel(self: RobotClient[PlanLink], outcome: TaskOutcome) -> None:
+        """Ask the server to cancel a task; its result then says canceled. Sent at once if the goal was accepted,
+        else as soon as it is (a behaviour tree may halt a request the tick after sending it). Segments of the
+        task not yet started are not executed; one already running finishes."""
+        outcome.cancel_requested = True
+        if outcome.goal_handle is not None and outcome.accepted:
+            self.link.action.cancel_goal_async(outcome.goal_handle)
 
     def close(self) -> None:
         """Stop executing; a segment already running finishes unreported, and this returns once it has: no thread
@@ -193,21 +224,30 @@ class RobotClient:
             self._worker.join()
         self.link.node.destroy_publisher(self.done_pub)
 
-    def _on_response(self, outcome: TaskOutcome, goal_handle) -> None:  # noqa: ANN001 - ClientGoalHandle
+    def _on_response(self: RobotClient[PlanLink], outcome: TaskOutcome,
+                     goal_handle: ClientGoalHandle) -> None:
         outcome.goal_handle = goal_handle
         outcome.accepted = goal_handle.accepted
         if not goal_handle.accepted:
-            outcome.ended_at = time.monotonic()
-            outcome.finished.set_result(outcome)
+            self._ended(outcome)
             return
+        if outcome.cancel_requested:  # canceled before the answer came (a second cancel, if raced, is harmless)
+            self.link.action.cancel_goal_async(goal_handle)
         self.link.action.get_result_async(goal_handle).add_done_callback(
             lambda f: self._on_result(outcome, f.result()))
 
     def _on_result(self, outcome: TaskOutcome, response) -> None:  # noqa: ANN001 - GetResult response
         outcome.result = response.result
         outcome.result_after_segments = len(outcome.segments) == response.result.num_segments
+        self._ended(outcome)
+
+    def _ended(self, outcome: TaskOutcome) -> None:
         outcome.ended_at = time.monotonic()
-        outcome.finished.set_result(outcome)
+        try:
+            if self.on_end is not None:
+                self.on_end(outcome)
+        finally:
+            outcome.finished.set_result(outcome)
 
     def _on_feedback(self, outcome: TaskOutcome, feedback) -> None:  # noqa: ANN001 - FeedbackMessage
         if feedback.feedback.infeasible and outcome.infeasible_at is None:
@@ -223,14 +263,16 @@ class RobotClient:
         while (item := self._work.get()) is not None and not self._stopping.is_set():
             outcome, segment, arrives = item
             time.sleep(max(0.0, arrives - time.monotonic()))
+            if outcome.cancel_requested:  # the robot gave the plan up: the node ends it canceled, unreported
+                continue
             result = self.runner(segment, outcome.label)
             ended = self.link.node.get_clock().now().to_msg()
             outcome.exec_time += result.duration
             if self.report:
                 report = SegmentDone(stamp=ended, agent_id=self.agent_id, request_id=segment.request_id,
                                      index=segment.index, duration=duration_msg(result.duration),
-                                     success=result.success, reason=result.reason,
-                                     result=reported_value(segment, result))
+                                     success=result.success, reason=clipped(result.reason, SegmentDone, "reason"),
+                                     result=clipped(reported_value(segment, result), SegmentDone, "result"))
                 if self.network_delay > 0:
                     threading.Timer(self.network_delay, self._publish, (report,)).start()
                 else:

@@ -53,7 +53,7 @@ class TopicPlanLink:
 OWN_TOPIC_MATCH_S = 15.0
 
 
-class TopicRobotClient(RobotClient):
+class TopicRobotClient(RobotClient[TopicPlanLink]):
     """One robot on the topic interface; the same ``request``/``wait`` use as :class:`RobotClient`."""
 
     def __init__(self, link: TopicPlanLink, agent_id: str, robot_type: str, runner: SegmentRunner,
@@ -101,7 +101,9 @@ class TopicRobotClient(RobotClient):
         return outcome
 
     def cancel(self, outcome: TaskOutcome) -> None:
-        """Ask the node to cancel a request in flight; its PlanResult then says canceled."""
+        """Ask the node to cancel a request in flight; its PlanResult then says canceled. Its segments not yet
+        started are not executed."""
+        outcome.cancel_requested = True
         with self._pending_lock:
             request_id = next((rid for rid, pending in self._pending.items() if pending is outcome), None)
         if request_id is not None:

@@ -20,8 +20,10 @@ from timely_llm_bench.cli.simulator import (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the benchmark commands to ``timely-llm``'s subparsers."""
+def register(sub: argparse._SubParsersAction) -> dict[str, str]:
+    """Add the benchmark commands to ``timely-llm``'s subparsers; returns the bench's own policies (name: help)."""
+    from timely_llm_bench.evaluation.harness import BENCH_POLICY_HELP
+
     _add_bench(sub.add_parser("bench", help="run a workload under one policy and write the records"))
     _add_plot(sub.add_parser("plot", help="Figure 5/6-style plots from bench results; load-map plots from sweeps"))
     _add_sweep(sub.add_parser("sweep", help="load map: policies x hardware x batch caps x agents, one JSON"))
@@ -48,3 +50,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                       "same model, prompts, grammar and arrivals: one table"))
     _add_fidelity(sub.add_parser("fidelity", help="one workload on the simulator and on embedded vLLM, side by "
                                                   "side per policy: does the simulator predict the engine?"))
+    return BENCH_POLICY_HELP

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from timely_llm.cli.common import (
-    POLICY_HELP,
     _add_vllm_arg,
     _in_file,
     _model_dir,
@@ -22,6 +21,8 @@ from timely_llm.cli.common import (
     _vllm_engine,
 )
 from timely_llm.cli.engine import _stdout_to_stderr
+from timely_llm.core.policies import ENGINE_FCFS, POLICIES, TIMELYLLM, VLLM_STREAM
+from timely_llm.engines.registry import REMOTE_ENGINE, VLLM_ENGINE
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
@@ -49,11 +50,11 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir, help="smollm2 (default), tiny or a directory")
     p.add_argument("--workloads", nargs="+", default=["light", "contended"], choices=list(PEER_WORKLOADS),
                    help="built-in mixed workloads (default: light contended)")
-    p.add_argument("--policies", nargs="+", default=["timelyllm", "vllm-stream"], choices=[
-        n for n in POLICY_HELP if n != "isolated"], help="the node's policies (default: timelyllm vllm-stream)")
+    p.add_argument("--policies", nargs="+", default=[TIMELYLLM.name, VLLM_STREAM.name],
+                   choices=list(POLICIES), help=f"the node's policies (default: {TIMELYLLM.name} {VLLM_STREAM.name})")
     p.add_argument("--serve-configs", nargs="*", default=["serve"], choices=SERVE_CONFIGS,
                    help="vllm serve runs: serve (FCFS, its default), serve-priority (default: serve)")
-    p.add_argument("--node-engines", nargs="+", default=["vllm"], choices=NODE_ENGINES,
+    p.add_argument("--node-engines", nargs="+", default=[VLLM_ENGINE.name], choices=NODE_ENGINES,
                    help="the node's engines: vllm (embedded, a fresh engine each round), remote (the remote engine "
                         "driving the first --serve-configs server, after its streaming robots) (default: vllm)")
     p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
@@ -89,7 +90,7 @@ def _peer_bench(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ConfigError("--out", None, "is required unless --from is given")
-    if "remote" in args.node_engines and not args.serve_configs:
+    if REMOTE_ENGINE.name in args.node_engines and not args.serve_configs:
         raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
     _quiet_vllm_logging()
     bench = _peer_bench_of(args)
@@ -134,11 +135,10 @@ def _print_peer_runs(runs: list[Run]) -> None:
     print("\nThe machine during the runs:\n" + machine_loads(runs))
 
 
-FIDELITY_POLICIES = ("timelyllm", "vllm-stream")
+FIDELITY_POLICIES = (TIMELYLLM.name, VLLM_STREAM.name)
 
 
 def _add_fidelity(p: argparse.ArgumentParser) -> None:
-    from timely_llm.core.policies import POLICIES
     from timely_llm_bench.workloads.peer import PEER_WORKLOADS
 
     p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
@@ -151,7 +151,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                    help=f"a peer workload ({', '.join(PEER_WORKLOADS)}; default bursty), WID1, WID1-high, WID2, WID3 "
                         "or a workload JSON file")
     p.add_argument("--policies", nargs="+", default=list(FIDELITY_POLICIES), metavar="POLICY",
-                   choices=[n for n in POLICIES if n != "vllm-priority"],
+                   choices=[n for n, pol in POLICIES.items() if pol.engine_scheduling == ENGINE_FCFS],
                    help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
     p.add_argument("--max-batch", type=_positive_int, default=BURSTY_MAX_BATCH,
                    help=f"batch cap of the scheduler and the vLLM engine (default {BURSTY_MAX_BATCH})")
@@ -180,11 +180,11 @@ def _fidelity(args: argparse.Namespace) -> int:
           "at the start", flush=True)
     _quiet_vllm_logging()
     with _stdout_to_stderr():
-        engine = _vllm_engine(args.model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
-                              scheduling_policy=("--policies", "fcfs"))
+        engine = _vllm_engine(args.model, args.vllm_arg, max_batch=args.max_batch,
+                              options={"seed": ("--seed", args.seed), "scheduling_policy": ("--policies", ENGINE_FCFS)})
     try:
         print("engine ready; warming up, then the real runs", flush=True)
-        runs = fidelity.on_the_engine(engine, estimator_profile(None, "vllm", args.model, ""), workload, policies,
+        runs = fidelity.on_the_engine(engine, estimator_profile(None, False, args.model, ""), workload, policies,
                                       args.rounds, skills, catalog, args.seed, args.max_batch)
         runs += [run for tokenizer in (None, SimTokenizer())
                  for run in fidelity.simulated(profile, tokenizer, workload, policies, skills, catalog, args.seed,

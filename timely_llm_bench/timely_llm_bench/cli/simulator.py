@@ -23,6 +23,8 @@ from timely_llm.cli.common import (
 )
 from timely_llm.core.features import Features
 from timely_llm.core.overload import OVERRUN_STRATEGIES
+from timely_llm.core.policies import ENGINE_FCFS
+from timely_llm.engines.registry import ENGINES, REMOTE_ENGINE, SIM_ENGINE, VLLM_ENGINE
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
@@ -39,7 +41,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.description = ("Replay a workload through the server loop under one policy and write one record per "
                      "request plus per-category means. On the simulator (the default) the run is on a virtual "
                      "clock and deterministic for a seed; on vLLM it takes real time.")
-    p.add_argument("--engine", choices=("sim", "vllm", "remote"), default="sim",
+    p.add_argument("--engine", choices=tuple(ENGINES), default=SIM_ENGINE.name,
                    help="sim: calibrated simulator on a virtual clock (default); vllm: embedded vLLM, wall clock; "
                         "remote: refused, bench force-decodes recorded plans (measure it with peer-bench "
                         "--node-engines remote)")
@@ -80,26 +82,26 @@ SUSPEND_IN_PLACE_HELP = ("simulator: suspend as embedded vLLM does, keeping the 
 def _bench(args: argparse.Namespace) -> int:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm.serving import ServerConfig
-    from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
+    from timely_llm_bench.evaluation.harness import ISOLATED, EngineSetup, run_bench
 
-    if args.engine == "remote":
+    if args.engine == REMOTE_ENGINE.name:
         raise ConfigError("--engine remote", None, "bench force-decodes the recorded LRTrace plans, which an "
                           "OpenAI-compatible server cannot; measure one with peer-bench --node-engines remote")
-    if args.engine == "vllm" and (args.policy == "isolated" or args.hw is not None):
-        option = "--policy isolated" if args.policy == "isolated" else "--hw"
+    if args.engine == VLLM_ENGINE.name and (args.policy == ISOLATED or args.hw is not None):
+        option = "--policy isolated" if args.policy == ISOLATED else "--hw"
         raise ConfigError(option, None, "needs the simulator engine (--engine sim)")
-    if args.engine == "sim" and (args.model is not None or args.vllm_arg):
+    if args.engine == SIM_ENGINE.name and (args.model is not None or args.vllm_arg):
         raise ConfigError("--model" if args.model is not None else "--vllm-arg", None, "applies to --engine vllm only")
-    if args.engine == "vllm" and args.suspend_in_place:
+    if args.engine == VLLM_ENGINE.name and args.suspend_in_place:
         raise ConfigError("--suspend-in-place", None, "applies to --engine sim (vLLM always suspends in place)")
     profile = load_profile(args.hw or DEFAULT_HW)
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
-    step_model = estimator_profile(args.estimator_profile, args.engine, model, args.hw or DEFAULT_HW)
+    step_model = estimator_profile(args.estimator_profile, args.engine == SIM_ENGINE.name, model, args.hw or DEFAULT_HW)
     skills, catalog, workload = _load_inputs(args)
     if args.overrun_strategy is not None:
         workload = workload.with_overrun(args.overrun_strategy)
-    if args.engine == "vllm":
+    if args.engine == VLLM_ENGINE.name:
         source = f"the step-time profile of {model} (write one: timely-llm profile --model {model} --out F)"
         try:  # refused here if need be, before the engine starts (minutes)
             config = ServerConfig(args.policy, workload.network_latency, features, args.max_batch,
@@ -108,8 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError("--estimator-profile", None, str(exc)) from None
         _quiet_vllm_logging()
         set_by_policy = {name: ("--policy", value) for name, value in config.vllm_args().items()}
-        engine = _vllm_engine(model, args.vllm_arg, max_batch=args.max_batch, seed=("--seed", args.seed),
-                              **set_by_policy)
+        engine = _vllm_engine(model, args.vllm_arg, max_batch=args.max_batch,
+                              options={"seed": ("--seed", args.seed), **set_by_policy})
         setup = EngineSetup.real(f"vllm:{model}", engine, step_model)
     else:
         setup = dataclasses.replace(EngineSetup.simulator(profile, args.suspend_in_place), profile=step_model)
@@ -309,7 +311,7 @@ def _add_closed_loop(p: argparse.ArgumentParser) -> None:
     p.description = closed_loop.__doc__.split("\n\n", 1)[1]
     from timely_llm_bench.evaluation.closed_loop import MODES
 
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+    p.add_argument("--engine", choices=(SIM_ENGINE.name, VLLM_ENGINE.name), default=SIM_ENGINE.name,
                    help="sim: the simulator on a virtual clock (default); vllm: embedded vLLM on the wall clock, "
                         "robots executing in real time (run one mode per command: modes share the engine's "
                         "prefix cache)")
@@ -361,7 +363,7 @@ def _closed_loop_setups(args: argparse.Namespace) -> list:
     from timely_llm.engines.hardware import estimator_profile, load_profile
     from timely_llm_bench.evaluation.harness import EngineSetup
 
-    if args.engine == "sim":
+    if args.engine == SIM_ENGINE.name:
         if args.model is not None:
             raise ConfigError("--model", None, "applies to --engine vllm only")
         return [EngineSetup.simulator(load_profile(hw), args.suspend_in_place) for hw in args.hw]
@@ -369,8 +371,9 @@ def _closed_loop_setups(args: argparse.Namespace) -> list:
         raise ConfigError("--suspend-in-place", None, "applies to --engine sim (vLLM always suspends in place)")
     model = args.model or DEFAULT_MODEL
     _quiet_vllm_logging()
-    engine = _vllm_engine(model, [], seed=("--seed", args.seed), scheduling_policy=("--engine vllm", "fcfs"))
-    return [EngineSetup.real(f"vllm:{model}", engine, estimator_profile(None, "vllm", model, DEFAULT_HW))]
+    engine = _vllm_engine(model, [], options={"seed": ("--seed", args.seed),
+                                              "scheduling_policy": ("--engine vllm", ENGINE_FCFS)})
+    return [EngineSetup.real(f"vllm:{model}", engine, estimator_profile(None, False, model, DEFAULT_HW))]
 
 
 def _add_sched(p: argparse.ArgumentParser) -> None:
@@ -412,15 +415,15 @@ def _loop_cost(args: argparse.Namespace) -> int:
 
 
 def _add_estimate_error(p: argparse.ArgumentParser) -> None:
-    from timely_llm.core.policies import POLICIES
+    from timely_llm.core.policies import POLICIES, TIMELYLLM
 
     p.description = ("Run a workload on the simulator with the profiled constant G(s) and with TimeBill's estimate "
                      "(feature timebill), and print the median absolute relative error of each segment's predicted "
                      "generation time against the time it took.")
     p.add_argument("--workload", default="WID2", help="WID1, WID1-high, WID2 (default), WID3, or a workload JSON file")
     p.add_argument("--hw", default=DEFAULT_HW, help=f"hardware profile name or YAML file (default {DEFAULT_HW})")
-    p.add_argument("--policy", choices=tuple(POLICIES), default="timelyllm", metavar="POLICY",
-                   help=f"one of {', '.join(POLICIES)} (default timelyllm)")
+    p.add_argument("--policy", choices=tuple(POLICIES), default=TIMELYLLM.name, metavar="POLICY",
+                   help=f"one of {', '.join(POLICIES)} (default {TIMELYLLM.name})")
     p.add_argument("--max-batch", type=_positive_int, default=None, help="batch cap (default: as bench)")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,

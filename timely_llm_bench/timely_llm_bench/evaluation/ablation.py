@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from timely_llm.core.features import DEFAULT, Features
+from timely_llm.core.policies import TIMELYLLM
 from timely_llm_bench.evaluation.harness import run_bench
 from timely_llm_bench.evaluation.metrics import fmt_metric
 from timely_llm_bench.evaluation.sweep import shared_models, shared_profile, shared_workload
@@ -97,7 +98,7 @@ def _run(job: tuple[Point, str, float, int, int]) -> dict:
     workload = shared_workload(point.workload if point.workload in BUILTIN else int(point.workload[4:]), duration, seed)
     started = time.perf_counter()
     features = Features.parse(parts)
-    result = run_bench(workload, "timelyllm", profile, skills, catalog, bench_seed, point.cap, features)
+    result = run_bench(workload, TIMELYLLM.name, profile, skills, catalog, bench_seed, point.cap, features)
     return {"point": point.name, **asdict(point), "features": features.label(), "summary": result["summary"],
             "counters": result["counters"], "wall_s": time.perf_counter() - started}
 

@@ -18,13 +18,15 @@ idle from its report); the tokens prefilled per resume after a value (the engine
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import zlib
 from dataclasses import dataclass, field
 
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
-from timely_llm.core.request import Outcome, Request, Status
+from timely_llm.core.policies import TIMELYLLM
+from timely_llm.core.request import Outcome, Request, Status, executed_span
 from timely_llm.core.tuf import TUF
 from timely_llm.plan.segmenter import Segmenter
 from timely_llm.plan.skills import SkillModel
@@ -59,7 +61,7 @@ class TaskRecord:
 
 
 def run_mode(mode: str, tasks: ClosedLoopTasks, workload: Workload, setup: EngineSetup, seed: int,
-             policy: str = "timelyllm") -> list[TaskRecord]:
+             policy: str = TIMELYLLM.name) -> list[TaskRecord]:
     """Serve ``workload`` one of the ``MODES`` ways; one record per task."""
     if mode == "resend":
         return _resend(tasks, workload, setup, seed, policy)
@@ -138,7 +140,7 @@ def _resend(tasks: ClosedLoopTasks, workload: Workload, setup: EngineSetup, seed
         server.warm_prefix(tokenizer.encode(catalog.prompt_text(robot, "")))
     all_tasks = _resend_tasks(tasks, workload, clock.now())
     for task in all_tasks:
-        driver.at(task.request.arrival, lambda server, task=task: submit(task, server))
+        driver.at(task.request.arrival, functools.partial(submit, task))
     driver.run(server)
     return [_resend_record(t, tasks) for t in all_tasks]
 
@@ -159,6 +161,7 @@ def _observation(tasks: ClosedLoopTasks, task: _Task, step: int, seed: int) -> s
     values."""
     robot = tasks.robots[tasks.catalog[task.request.trace].robot]
     call = robot.blocking_call(task.steps[step])
+    assert call is not None, "a step that a next one follows ends in a blocking call (plan_steps)"
     rng = random.Random(zlib.crc32(f"{seed}/{task.request.id}/{step}".encode()))
     return robot.observation.text(call.name, rng.choice(tasks.values[task.request.trace][call.name]))
 
@@ -170,10 +173,10 @@ def _resend_record(task: _Task, tasks: ClosedLoopTasks) -> TaskRecord:
     if not done:
         return record
     first, last = task.outcomes[0], task.outcomes[-1]
-    record.response = first.segments[0].exec_start - task.request.arrival
-    record.completion = last.segments[-1].exec_end - task.request.arrival
+    record.response = executed_span(first.segments[0])[0] - task.request.arrival
+    record.completion = executed_span(last.segments[-1])[1] - task.request.arrival
     for before, after, prompt in zip(task.outcomes, task.outcomes[1:], task.prompt_tokens[1:], strict=False):
-        record.step_responses.append(after.segments[0].exec_start - before.segments[-1].exec_end)
+        record.step_responses.append(executed_span(after.segments[0])[0] - executed_span(before.segments[-1])[1])
         record.resume_prefills.append(prompt - (after.segments[0].cached_tokens or 0))
     return record
 

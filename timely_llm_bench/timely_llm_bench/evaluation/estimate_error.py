@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from timely_llm.core.features import Features
+from timely_llm.core.policies import TIMELYLLM
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.plan.skills import SkillModel
 from timely_llm.traces import TraceCatalog
@@ -64,7 +65,7 @@ def summarize_errors(label: str, errors: list[tuple[int, float]]) -> ErrorSummar
 
 
 def measure(workload: Workload, profile: HardwareProfile, skills: dict[str, SkillModel], catalog: TraceCatalog,
-            policy: str = "timelyllm", seed: int = 0, max_batch: int | None = None) -> list[ErrorSummary]:
+            policy: str = TIMELYLLM.name, seed: int = 0, max_batch: int | None = None) -> list[ErrorSummary]:
     """The constant G (off) and TimeBill's G (on), each over one simulated run of ``workload``."""
     runs = (("profiled constant (off)", Features()), ("TimeBill estimator (timebill)", Features(timebill=True)))
     return [summarize_errors(label, segment_errors(run_bench(workload, policy, profile, skills, catalog, seed,

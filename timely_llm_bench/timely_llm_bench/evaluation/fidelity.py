@@ -15,10 +15,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 from timely_llm.clock import VirtualClock, WallClock
+from timely_llm.core.policies import VLLM_STREAM
 from timely_llm.engines.base import Engine, GenerationSpec, StepOutput, Tokenizer
 from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.engines.sim import SimEngine
 from timely_llm.plan.skills import SkillModel
 from timely_llm.traces import TraceCatalog
@@ -27,7 +30,7 @@ from timely_llm_bench.evaluation.machine_load import MachineLoad, combined, load
 from timely_llm_bench.evaluation.peer_bench import StepLog, first_segment_times, floor_requests
 from timely_llm_bench.workloads.generator import Workload
 
-SIM = "sim"
+SIM = SIM_ENGINE.name
 SIM_STAND_IN = "sim, stand-in tokenizer"
 REAL = "vLLM"
 CATEGORIES = ("urgent", "normal", "arm")
@@ -86,7 +89,8 @@ def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, pr
            max_batch: int | None, round_: int = 1) -> FidelityRun:
     """``workload`` under ``policy`` on ``engine`` through the bench harness, every step recorded."""
     recording = RecordingEngine(engine, clock)
-    setup = EngineSetup(engine_name, lambda: recording, lambda: clock, profile)
+    # a proxy of the engine (StepLog: what it does not record, it hands to the engine), so an Engine to the server
+    setup = EngineSetup(engine_name, lambda: cast(Engine, recording), lambda: clock, profile)
     with measured() as meter:
         result = run_bench(workload, policy, setup, skills, catalog, seed, max_batch)
     log = {"steps": recording.steps, "starts": recording.starts, "suspends": recording.suspends,
@@ -112,7 +116,7 @@ def on_the_engine(engine: Engine, step_profile: HardwareProfile | None, workload
     """A warm-up (each task once, all at once: grammars compiled, the prompts cached), then ``rounds`` of every
     policy on ``engine`` in real time, every other round in reverse order."""
     warm = Workload("warm", workload.network_latency, tuple(replace(r, arrival=0.0) for r in floor_requests(workload)))
-    run_bench(warm, "vllm-stream", EngineSetup.real(REAL, engine), skills, catalog, seed, max_batch)
+    run_bench(warm, VLLM_STREAM.name, EngineSetup.real(REAL, engine), skills, catalog, seed, max_batch)
     runs = []
     for round_ in range(1, rounds + 1):
         for policy in policies if round_ % 2 else policies[::-1]:
@@ -195,8 +199,9 @@ def _ms(durations: list[float]) -> str:
 def load_lines(runs: list[FidelityRun]) -> list[str]:
     """The machine during each policy's real runs (rounds combined), and whether the loads allow comparing."""
     loads: dict[str, list[MachineLoad]] = {}
-    for run in (r for r in runs if r.load):
-        loads.setdefault(run.policy, []).append(run.load)
+    for run in runs:
+        if run.load:
+            loads.setdefault(run.policy, []).append(run.load)
     merged = {policy: combined(found) for policy, found in loads.items()}
     lines = [f"{REAL} {policy}: {load.describe()}" for policy, load in merged.items()]
     return lines + ([load_verdict(merged) or "the real runs saw comparable loads"] if merged else [])

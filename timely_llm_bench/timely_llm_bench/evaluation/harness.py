@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
 from timely_llm.core.features import Features
-from timely_llm.core.policies import POLICIES
+from timely_llm.core.policies import POLICIES, VLLM_STREAM
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
@@ -29,7 +29,11 @@ from timely_llm.traces import TraceCatalog
 from timely_llm_bench.evaluation.metrics import summarize
 from timely_llm_bench.workloads.generator import Workload, WorkloadRequest
 
-BENCH_POLICIES = (*POLICIES, "isolated")
+ISOLATED = "isolated"
+"""The bench's own policy: each request alone on an idle simulated server (the best it could get)."""
+BENCH_POLICY_HELP = {ISOLATED: "bench only: each request alone on an idle simulated server (the best it could get)"}
+"""The bench's policies beside the node's (``timely_llm.core.policies``), with their help lines."""
+BENCH_POLICIES = (*POLICIES, *BENCH_POLICY_HELP)
 
 
 @dataclass
@@ -101,10 +105,11 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
         setup = EngineSetup.simulator(setup)
-    if policy == "isolated":
+    counters: dict[str, int]
+    if policy == ISOLATED:
         if setup.new_clock is not VirtualClock:
-            raise ValueError("policy 'isolated' replays each request alone and needs the simulator engine")
-        alone = setup.server_config("vllm-stream", workload.network_latency, None, Features())
+            raise ValueError(f"policy {ISOLATED!r} replays each request alone and needs the simulator engine")
+        alone = setup.server_config(VLLM_STREAM.name, workload.network_latency, None, Features())
         records = [_run(workload, [r], alone, setup, skills, catalog, seed, values)[0][0] for r in workload.requests]
         peak_queue, counters = 1, {}
     else:

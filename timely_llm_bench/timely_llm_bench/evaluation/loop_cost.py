@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from timely_llm.clock import VirtualClock
+from timely_llm.core.policies import EDF_POLICY, TIMELYLLM
 from timely_llm.core.request import Request, Segment
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import Engine, GenerationSpec, StepOutput
@@ -37,7 +38,7 @@ DEFAULT_STEPS = 400
 MEMORY_PROFILE = "rtx4090-llama3-8b"
 """The hardware profile whose KV memory the zero-time simulator keeps (room for 512 generations)."""
 TARGET_STEP_MS_AT_64 = 0.5
-RESUME_POLICY = "edf"
+RESUME_POLICY = EDF_POLICY.name
 """The over-subscribed row's policy: segmented like timelyllm, whose utility order here keeps every
 parked generation running rather than resume another."""
 NORMAL, URGENT = TUF(5.0, -0.5, 1.0), TUF(0.05, -2.0, 2.0)
@@ -153,7 +154,7 @@ class _Fleet:
 
 
 def measure(batch: int, grammar: bool, steps: int = DEFAULT_STEPS, generations: int | None = None,
-            policy: str = "timelyllm", hw: str = MEMORY_PROFILE, warmup: int = 50) -> LoopCost:
+            policy: str = TIMELYLLM.name, hw: str = MEMORY_PROFILE, warmup: int = 50) -> LoopCost:
     """The loop's CPU over ``steps`` engine steps with ``generations`` (default ``batch``) plans in flight."""
     robots, catalog = load_skill_models(), load_catalog()
     engine = TimedSim(hw, grammar)

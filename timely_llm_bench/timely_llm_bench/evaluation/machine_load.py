@@ -161,7 +161,8 @@ def measured() -> Iterator[LoadMeter]:
     if not (PROC / "stat").exists():
         yield meter
         return
-    start, samples, done = cpu_sample(), [], threading.Event()
+    samples: list[CpuSample] = []
+    start, done = cpu_sample(), threading.Event()
     sampler = threading.Thread(target=_sample_until, args=(done, samples), name="machine-load", daemon=True)
     sampler.start()
     try:

@@ -26,16 +26,18 @@ import sys
 import time
 import urllib.request
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.policies import TIMELYLLM, VLLM_STREAM
 from timely_llm.core.priority import request_priority
 from timely_llm.core.request import Outcome
 from timely_llm.engines.hardware import HardwareProfile
-from timely_llm.plan.grammar import plan_grammar
+from timely_llm.engines.registry import REMOTE_ENGINE, VLLM_ENGINE
+from timely_llm.plan.grammar import PlanGrammar, plan_grammar
 from timely_llm.plan.segmenter import Segmenter
 from timely_llm.plan.skills import SkillModel
 from timely_llm.server import PlanRequest
@@ -51,7 +53,7 @@ SERVE_CONFIGS = ("serve", "serve-priority")
 FLOOR = "floor"
 NODE_REMOTE = "node-remote"
 """The side of the node on the remote engine, driving the ``vllm serve`` the streaming robots used."""
-NODE_ENGINES = ("vllm", "remote")
+NODE_ENGINES = (VLLM_ENGINE.name, REMOTE_ENGINE.name)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ def robot_times(seed: int, request_id: str, robot: SkillModel, arrival: float, g
         start = max(gen_end + network_latency, lane)
         lane = start + robot.sample_exec_time(text, rng)
         first = start if first is None else first
+    if first is None:
+        raise ValueError(f"request {request_id}: a plan of no segments has no robot times")
     return first - arrival, lane - arrival
 
 
@@ -192,7 +196,7 @@ class StreamingRobots:
     engine: EngineConfig
     skills: dict[str, SkillModel]
     catalog: TraceCatalog
-    encode: callable
+    encode: Callable[[str], list[int]]
     priority: bool
     request_timeout: float = 300.0
 
@@ -219,7 +223,7 @@ class StreamingRobots:
         if origin is not None:
             await asyncio.sleep(max(origin + request.arrival - time.monotonic(), 0.0))
         arrival = time.monotonic()
-        grammar = plan_grammar(robot)
+        grammar = _grammar(robot)
         body = {"model": self.engine.model, "prompt": self.encode(self.catalog.prompt_text(trace.robot, trace.prompt)),
                 "max_tokens": self.engine.max_tokens, "temperature": 0.0, "stream": True,
                 "structured_outputs": {"grammar": grammar.continuation("")}}
@@ -326,10 +330,24 @@ def node_replay(engine, workload: Workload, requests: list[WorkloadRequest], pol
 def _node_record(outcome: Outcome, skills: dict[str, SkillModel]) -> RunRecord:
     """As a streaming robot's record: a plan left empty (no statement completed within the token budget)
     gave its robot no action, so it did not succeed and has no response."""
-    grammar = plan_grammar(skills[outcome.robot])
     ok = outcome.response_time is not None and bool(outcome.plan.strip())
-    return RunRecord(outcome.id, outcome.category, outcome.trace, ok, ok and grammar.accepts(outcome.plan),
+    if outcome.trace is None:
+        raise ValueError(f"request {outcome.id} replayed no trace")  # node_replay sends each with its trace
+    grammatical = ok and _grammar(skills[outcome.robot]).accepts(outcome.plan)
+    return RunRecord(outcome.id, outcome.category, outcome.trace, ok, grammatical,
                      outcome.response_time if ok else None, outcome.completion_time if ok else None, outcome.plan)
+
+
+def _grammar(robot: SkillModel) -> PlanGrammar:
+    """The robot's plan grammar, which both sides constrain and check its plans with."""
+    grammar = plan_grammar(robot)
+    if grammar is None:
+        raise ValueError(f"robot {robot.robot}: its plan language has no grammar to compare servers in")
+    return grammar
+
+
+def _quicker(record: RunRecord, than: RunRecord) -> bool:
+    return record.response is not None and than.response is not None and record.response < than.response
 
 
 def quickest(passes: list[list[RunRecord]]) -> list[RunRecord]:
@@ -338,7 +356,7 @@ def quickest(passes: list[list[RunRecord]]) -> list[RunRecord]:
     best: dict[int, RunRecord] = {}
     for record in (r for records in passes for r in records):
         known = best.get(record.trace)
-        if record.succeeded and (known is None or not known.succeeded or record.response < known.response):
+        if record.succeeded and (known is None or not known.succeeded or _quicker(record, known)):
             best[record.trace] = record
         elif known is None:
             best[record.trace] = record
@@ -394,8 +412,8 @@ def table(runs: list[Run]) -> str:
         cells = [workload, {"node": "node", NODE_REMOTE: "node on vllm serve"}.get(side, "vllm serve"), config]
         for c in CATEGORIES:
             for metric in ("response", "completion"):
-                got = [_stats(r, floors.get((r.side, r.round), {}), c, metric) for r in group]
-                got = [g for g in got if g is not None]
+                got = [g for g in (_stats(r, floors.get((r.side, r.round), {}), c, metric) for r in group)
+                       if g is not None]
                 cells += [_spread([g[0] for g in got]), _spread([g[1] for g in got])]
         absolute = []
         for c in CATEGORIES:
@@ -420,6 +438,7 @@ def first_segments(runs: list[Run], category: str = "urgent") -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for run in sorted((r for r in runs if r.log and r.side in ("node", NODE_REMOTE)),
                       key=lambda r: (r.workload, r.side, r.config, r.round)):
+        assert run.log is not None  # the runs with a step log only
         rows = [first_segment_times(run.log, rec.id) for rec in run.records
                 if rec.category == category and rec.succeeded and rec.id in run.log["segments"]]
         if rows:
@@ -472,13 +491,13 @@ class PeerBench:
     skills: dict[str, SkillModel]
     catalog: TraceCatalog
     serve_configs: tuple[str, ...] = ("serve",)
-    policies: tuple[str, ...] = ("timelyllm", "vllm-stream")
+    policies: tuple[str, ...] = (TIMELYLLM.name, VLLM_STREAM.name)
     rounds: int = 2
     port: int = 8765
     reserved_cpus: int | None = None
     log_dir: Path = Path(".")
     start_timeout: float = 900.0
-    node_engines: tuple[str, ...] = ("vllm",)
+    node_engines: tuple[str, ...] = (VLLM_ENGINE.name,)
     runs: list[Run] = field(default_factory=list)
     prompt_ids_match: bool | None = None
     """Whether the node's tokenizer gave every prompt the ids the robots sent ``vllm serve``."""
@@ -492,7 +511,7 @@ class PeerBench:
         for round_ in range(1, self.rounds + 1):
             for config in self.serve_configs:
                 self._serve_round(config, round_, progress)
-            if "vllm" in self.node_engines:
+            if VLLM_ENGINE.name in self.node_engines:
                 self._node_round(round_, progress)
         return self.runs
 
@@ -533,7 +552,7 @@ class PeerBench:
             self._record(Run(config, FLOOR, "tasks", round_, floor), progress)
             for run in runs:
                 self._record(run, progress)
-            if "remote" in self.node_engines and config == self.serve_configs[0]:
+            if REMOTE_ENGINE.name in self.node_engines and config == self.serve_configs[0]:
                 self._remote_round(server, floor, round_, progress)
         finally:
             server.close()
@@ -548,7 +567,7 @@ class PeerBench:
         engine = RemoteEngine(RemoteSettings((server.url,), tokenizer=self.engine.model_dir,
                                              max_num_seqs=self.engine.max_batch))
         try:
-            step_profile = estimator_profile(None, "vllm", self.engine.model, "")
+            step_profile = estimator_profile(None, False, self.engine.model, "")
             runs = []
             for workload in self.workloads:
                 for policy in self.policies:
@@ -577,12 +596,12 @@ class PeerBench:
             serve_ids = getattr(self, "_serve_ids", None)
             if serve_ids is not None:
                 self.prompt_ids_match = ids == serve_ids
-            step_profile = estimator_profile(None, "vllm", self.engine.model, "")
+            step_profile = estimator_profile(None, False, self.engine.model, "")
             floor = self._floor()
             warm = Workload("warm", 0.008, tuple(floor))
 
             def alone() -> list[RunRecord]:
-                return [rec for r in floor for rec in node_replay(engine, warm, [_at_zero(r)], "vllm-stream",
+                return [rec for r in floor for rec in node_replay(engine, warm, [_at_zero(r)], VLLM_STREAM.name,
                                                                   self.skills, self.catalog, self.engine)]
 
             passes = [alone(), alone()]  # the first compiles, fills the cache
@@ -619,9 +638,10 @@ def machine_loads(runs: list[Run]) -> str:
     lines = []
     for workload in sorted({r.workload for r in runs if r.load}):
         loads: dict[str, list[MachineLoad]] = {}
-        for run in (r for r in runs if r.workload == workload and r.load):
-            label = f"{'node ' if run.side == 'node' else 'vllm '}{run.config}"
-            loads.setdefault(label, []).append(MachineLoad.from_json(run.load))
+        for run in runs:
+            if run.workload == workload and run.load:
+                label = f"{'node ' if run.side == 'node' else 'vllm '}{run.config}"
+                loads.setdefault(label, []).append(MachineLoad.from_json(run.load))
         merged = {label: combined(found) for label, found in loads.items()}
         lines += [f"{workload}, {label}: {load.describe()}" for label, load in merged.items()]
         lines.append(f"{workload}: " + (load_verdict(merged) or "comparable loads"))

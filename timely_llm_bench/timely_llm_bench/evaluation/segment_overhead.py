@@ -177,6 +177,7 @@ def _measure_task(engine: Engine, args: argparse.Namespace) -> dict:
 
     tok = engine.tokenizer
     grammar = plan_grammar(load_skill_models()["tello"])
+    assert grammar is not None, "the drone plans in MiniSpec, which has a grammar"
     prompt = tok.encode(task_prompt(load_catalog(), "tello", args.task))
     plan = generated_plan(engine, prompt, grammar, args.max_new_tokens)
     print(f"generated plan: {tok.decode(plan)}")

@@ -24,17 +24,18 @@ from typing import TypeVar
 
 from timely_llm.core.features import Features
 from timely_llm.core.policies import POLICIES as SERVING_POLICIES
+from timely_llm.core.policies import TIMELYLLM, VLLM_PRIORITY, VLLM_STREAM
 from timely_llm.engines.hardware import HardwareProfile, load_profile
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.plan.skills import SkillModel
 from timely_llm.traces import TraceCatalog, load_catalog
-from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
+from timely_llm_bench.evaluation.harness import ISOLATED, EngineSetup, run_bench
 from timely_llm_bench.evaluation.metrics import fmt_metric
 from timely_llm_bench.workloads.generator import BUILTIN, Workload, WorkloadRequest, WorkloadSpec, default_tuf, generate
 
 AGENTS = (25, 50, 100, 200, 400, 800)
 CAPS: tuple[int | None, ...] = (8, 16, 64, None)
-POLICIES = ("vllm-stream", "vllm-priority", "timelyllm")
+POLICIES = (VLLM_STREAM.name, VLLM_PRIORITY.name, TIMELYLLM.name)
 BASELINES = tuple(name for name, policy in SERVING_POLICIES.items() if not policy.segmented)
 EVENTS_PER_AGENT = 0.25 / 42  # WID2: 0.25 events/s over 42 agents
 MAX_TASKS_PER_EVENT = 16
@@ -86,7 +87,8 @@ def isolated_responses(profile: HardwareProfile, catalog: TraceCatalog, skills: 
     out = {}
     for trace in traces:
         request = WorkloadRequest("alone", 0.0, "agent", trace, default_tuf(catalog[trace].category))
-        result = run_bench(Workload(f"trace{trace}", 0.008, (request,)), "vllm-stream", profile, skills, catalog, seed)
+        result = run_bench(Workload(f"trace{trace}", 0.008, (request,)), VLLM_STREAM.name, profile, skills, catalog,
+                           seed)
         out[trace] = result["requests"][0]["response_time"]
     return out
 
@@ -142,7 +144,7 @@ def _inputs(grid: Grid, hw: str, agents: int) -> tuple:
     """The skills, catalog, profile, isolated bounds and workload of a point of ``grid``."""
     skills, catalog = shared_models()
     profile = shared_profile(hw, grid.kv_gib)
-    isolated = _cached(("isolated", hw, grid.kv_gib, grid.bench_seed),
+    isolated = _cached((ISOLATED, hw, grid.kv_gib, grid.bench_seed),
                        lambda: isolated_responses(profile, catalog, skills, TRACES, grid.bench_seed))
     return skills, catalog, profile, isolated, shared_workload(agents, grid.duration, grid.seed)
 

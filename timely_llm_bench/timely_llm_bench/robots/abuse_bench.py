@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from timely_llm_interfaces.fields import duration_msg
 from timely_llm_interfaces.names import TASK_REQUESTS
@@ -145,9 +146,9 @@ def run_abuse(scenario: str, attackers: bool, duration: float, skills: dict[str,
         normal.stop()
         for client in made:
             client.close()
-        ended = [o for o in urgent.outcomes if o.finished.done() and o.result is not None]
-        done = [o for o in ended if o.status == "succeeded"]
-        mean = statistics.fmean(duration_seconds(o.result.response_time) for o in done) if done else float("nan")
+        ended = [o.result for o in urgent.outcomes if o.finished.done() and o.result is not None]
+        done = [duration_seconds(r.response_time) for r in ended if r.status == r.STATUS_SUCCEEDED]
+        mean = statistics.fmean(done) if done else float("nan")
         return AbuseResult(scenario, attackers, len(ended), len(done), mean, attack.sent, accepted)
 
 
@@ -172,7 +173,7 @@ def _attackers(scenario: str, link: PlanLink, shared: object, robot: Callable[[s
 @contextmanager
 def _node(scenario: str, domain_id: int) -> Iterator[tuple[PlanLink, object]]:
     with tempfile.TemporaryDirectory() as tmp, ros_session(domain_id) as (context, executor):
-        params: dict[str, object] = {"max_batch": BATCH_CAP}
+        params: dict[str, Any] = {"max_batch": BATCH_CAP}
         if scenario == "fleet":
             path = Path(tmp) / "fleet.yaml"
             path.write_text(fleet_yaml())

@@ -24,6 +24,7 @@ from timely_llm_interfaces.rclpy_compat import spinning
 
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
+from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.errors import RunIncomplete
 from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.messages import optional_seconds
@@ -51,7 +52,7 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 
 
 @contextmanager
-def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = "sim",
+def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = SIM_ENGINE.name,
                 **params: object) -> Iterator:
     """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``; active unless ``autostart``
     is false (NodeStartError if its autostart fails). Its ``engine`` is sim unless given: what replays workloads'
@@ -170,7 +171,7 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     INFEASIBLE_REASON) was told when its result came; the node's result gives the best response it could
     still have had then."""
     result = outcome.result
-    shed = outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
+    shed = result is not None and outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
     record = {"id": request.id, "agent": request.agent, "trace": request.trace,
               "category": catalog[request.trace].category, "arrival": request.arrival, "tuf": request.tuf.to_dict(),
               "status": outcome.status, "reason": result.reason if result else "goal rejected",
@@ -182,7 +183,7 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     waiting = record["waiting_time"]
     record["completion_time"] = None if waiting is None else waiting + outcome.exec_time
     record["shed"] = shed
-    record["infeasible_at"] = outcome.ended_at - start if shed else None
+    record["infeasible_at"] = outcome.ended_at - start if shed and outcome.ended_at is not None else None
     record["best_response"] = response if shed else None
     return record
 

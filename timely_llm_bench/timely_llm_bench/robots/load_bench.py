@@ -35,6 +35,7 @@ from rclpy.node import Node
 from rclpy.publisher import Publisher
 from timely_llm_interfaces.names import report_topic
 
+from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone
 from timely_llm.ros.messages import duration_msg, status_name
@@ -80,7 +81,8 @@ class NodeProcess:
 def node_process(domain_id: int, **params: object) -> Iterator[NodeProcess]:
     """The node on the sim engine and ``domain_id`` with parameter overrides, its output in a log file."""
     # max_batch 0: the sim engine's own cap (256), as the node was measured under load (docs/node.md)
-    overrides = [arg for k, v in {"engine": "sim", "max_batch": 0, **params}.items() for arg in ("-p", f"{k}:={v}")]
+    given = {"engine": SIM_ENGINE.name, "max_batch": 0, **params}
+    overrides = [arg for k, v in given.items() for arg in ("-p", f"{k}:={v}")]
     env = os.environ | {"ROS_DOMAIN_ID": str(domain_id)}
     log_fd, log = tempfile.mkstemp(prefix="timely-llm-load-node-", suffix=".log")
     with os.fdopen(log_fd, "w") as log_file:

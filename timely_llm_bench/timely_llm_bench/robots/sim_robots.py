@@ -137,7 +137,8 @@ def simulated_robots(agents: dict[str, str], skills: dict[str, SkillModel], cata
     through djitellopy, arms are SimulatedArms, mobile bases SimulatedMobileBases, and every other agent
     sleeps SimulatedSkills times; ``time_scale`` multiplies every skill's time."""
     tello_agents = sorted(a for a, robot in agents.items() if robot == "tello")[:max_drones]
-    runners = {a: SimulatedSkills(skills[robot], seed, time_scale) for a, robot in agents.items()}
+    runners: dict[str, SegmentRunner] = {a: SimulatedSkills(skills[robot], seed, time_scale)
+                                         for a, robot in agents.items()}
     runners |= {a: _arm(skills["arm"], catalog, seed, time_scale) for a, robot in agents.items() if robot == "arm"}
     runners |= {a: mobile_base(skills["mobile_base"], seed, time_scale)
                 for a, robot in agents.items() if robot == "mobile_base"}

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import TypeGuard
 
 from timely_llm.plan.robot_file import load_skill_model, skill_model_dir
 from timely_llm.plan.skills import TimeModel
@@ -196,11 +197,11 @@ class TelloSimulator:
             "takeoff": self._takeoff, "land": self._land, "speed": self._set_speed, "flip": self._flip,
         }
         for direction, heading in _MOVES.items():
-            handlers[direction] = lambda value, heading=heading: self._move(value, heading)
+            handlers[direction] = functools.partial(self._move, heading_offset=heading)
         for direction, sign in _VERTICAL.items():
-            handlers[direction] = lambda value, sign=sign: self._climb(value, sign)
+            handlers[direction] = functools.partial(self._climb, sign=sign)
         for direction, sign in _TURNS.items():
-            handlers[direction] = lambda value, sign=sign: self._turn(value, sign)
+            handlers[direction] = functools.partial(self._turn, sign=sign)
         return handlers
 
     def _take_time(self, keyword: str, value: float | None) -> None:
@@ -315,5 +316,5 @@ def _single_number(args: list[str]) -> float | None:
         return None
 
 
-def _in_range(value: float | None, bounds: tuple[int, int]) -> bool:
+def _in_range(value: float | None, bounds: tuple[float, float]) -> TypeGuard[float]:
     return value is not None and bounds[0] <= value <= bounds[1]

@@ -19,6 +19,7 @@ A parent process drives the robots through their stdin and reads one line back p
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
 import math
 import os
@@ -54,7 +55,7 @@ class Heard:
     messages: int = 0
     bytes: int = 0
 
-    def add(self, raw: bytes) -> None:
+    def add(self, raw: builtins.bytes) -> None:  # builtins': ``bytes`` here is the field
         self.messages += 1
         self.bytes += len(raw)
 
@@ -123,6 +124,11 @@ def _summary(robots: int, interface: str, seconds: float, cpu: float, counts: li
                             mean("other_messages"), mean("other_bytes", 1024))
 
 
+def _read_line(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None  # started with stdout=PIPE
+    return process.stdout.readline().strip()
+
+
 def _mean_or_nan(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
@@ -130,12 +136,13 @@ def _mean_or_nan(values: list[float]) -> float:
 class _Fleet:
     """The robot processes, driven a line at a time."""
 
-    def __init__(self, processes: list[subprocess.Popen], log: str) -> None:
+    def __init__(self, processes: list[subprocess.Popen[str]], log: str) -> None:
         self.processes = processes
         self.log = log
 
     def send(self, line: str) -> None:
         for process in self.processes:
+            assert process.stdin is not None  # started with stdin=PIPE
             process.stdin.write(line + "\n")
             process.stdin.flush()
 
@@ -144,7 +151,7 @@ class _Fleet:
         timer = threading.Timer(timeout_s, self._kill)
         timer.start()
         try:
-            lines = [process.stdout.readline().strip() for process in self.processes]
+            lines = [_read_line(process) for process in self.processes]
         finally:
             timer.cancel()
         bad = [line for line in lines if not line or not line.startswith(word)]

@@ -12,6 +12,7 @@ import math
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeGuard
 
 from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
@@ -152,5 +153,5 @@ def _parse_tuf(raw: object, category: str, where: str, source: str) -> TUF:
         raise ConfigError(source, where, str(exc)) from exc
 
 
-def _finite_number(value: object) -> bool:
+def _finite_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

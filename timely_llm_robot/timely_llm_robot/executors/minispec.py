@@ -26,6 +26,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 Value = int | float | bool | str | None
 SkillDispatch = Callable[[str, Sequence[Value]], Value]
@@ -111,7 +112,7 @@ _TOKEN_RE = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS: dict[str, Value] = {"True": True, "False": False, "None": None}
-_COMPARATORS: dict[str, Callable[[Value, Value], bool]] = {
+_COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {  # any values: an unorderable pair raises TypeError
     "==": operator.eq, "!=": operator.ne, ">": operator.gt,
     "<": operator.lt, ">=": operator.ge, "<=": operator.le,
 }
@@ -245,7 +246,7 @@ class _Parser:
         if not self.at("("):
             return Call(token.text)
         self.take()
-        args = []
+        args: list[Operand] = []
         while not self.at(")"):
             if args:
                 self.expect(",")
@@ -316,8 +317,9 @@ class Interpreter:
         """Evaluate a condition's source (``iv('cat')==True``); MiniSpecError if it is malformed."""
         parser = _Parser(condition)
         parsed = parser.condition()
-        if parser.peek() is not None:
-            raise MiniSpecError(f"unexpected {parser.peek().text!r} in condition {condition!r}")
+        extra = parser.peek()
+        if extra is not None:
+            raise MiniSpecError(f"unexpected {extra.text!r} in condition {condition!r}")
         return self._holds(parsed)
 
     def _holds(self, condition: Condition) -> bool:

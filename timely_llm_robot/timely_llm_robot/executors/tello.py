@@ -209,7 +209,8 @@ class TelloExecutor:
 
     def _carry_out(self, name: str, args: Sequence[Value]) -> Value:
         if name in _MOTIONS:
-            return self._command(name, getattr(self.tello, _MOTIONS[name]), round(number_arg(name, args)))
+            self._command(name, getattr(self.tello, _MOTIONS[name]), round(number_arg(name, args)))
+            return None
         if name in _PERCEPTIONS:
             return self.vision(_PERCEPTIONS[name], args)
         handlers: dict[str, Callable[[Sequence[Value]], Value]] = {
