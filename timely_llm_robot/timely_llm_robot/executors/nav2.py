@@ -82,7 +82,7 @@ def error_code_name(result_type: type, code: int) -> str:
     return next((n for n in names if getattr(result_type, n) == code), "")
 
 
-def nav2_failure(call: str, action_type: type, status: int, result: object) -> str:
+def nav2_failure(call: str, action_type: Any, status: int, result: object) -> str:
     """Why a Nav2 goal failed, from its result's error_code / error_msg / success and its status; empty if it
     did not."""
     code = int(getattr(result, "error_code", 0))
@@ -150,11 +150,13 @@ class Nav2Bridge:
     def dispatch(self, name: str, args: Sequence[Value]) -> Value:
         """Carry out one skill; SkillFailed with the reason if it cannot."""
         if name == "go_to":
-            return self._go_to(args)
+            self._go_to(args)
+            return None
         if name in ("dock", "undock"):
             if args:
                 raise SkillFailed(f"{name} takes no argument, got {list(args)}")
-            return self._run_goal(name, name, self._dock_goal() if name == "dock" else self._undock_goal())
+            self._run_goal(name, name, self._dock_goal() if name == "dock" else self._undock_goal())
+            return None
         if self.fallback is None:
             raise SkillFailed(f"{name}: not a Nav2 skill (go_to, dock, undock) and this robot has no fallback "
                               "executor for it")
@@ -171,7 +173,7 @@ class Nav2Bridge:
         with self._lock:
             flight = self._flight
             why = self._ended.get(flight.request_id, "") if flight is not None else ""
-        if why:
+        if flight is not None and why:
             self._cancel(flight, why)
 
     def _mark_ended(self, request_ids: list[str], why: str, overwrite: bool = True) -> None:
