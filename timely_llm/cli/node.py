@@ -64,7 +64,13 @@ def _check_ros_args(argv: list[str]) -> None:
 
 
 def _add_security_policy(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agents", nargs="+", required=True, help="the robots' agent ids (ROS name tokens)")
+    p.add_argument("--agents", nargs="+", default=[],
+                   help="the robots' agent ids (ROS name tokens); with --fleet, ids its patterns match")
+    p.add_argument("--fleet", type=Path, help="fleet file: a policy for every robot it names by id (and --agents); "
+                                              "robots may use their own request topic only, unless --shared")
+    p.add_argument("--shared", action="store_true",
+                   help="with --fleet: robots may also publish on the shared task_requests and call the action, "
+                        "where they can name any agent id")
     p.add_argument("--out", type=Path, default=Path("sros2_policies"),
                    help="directory for <agent>.policy.xml and timely_llm_server.policy.xml (default sros2_policies)")
     p.add_argument("--namespace", default="/", help="the node's namespace (default /)")
@@ -77,8 +83,16 @@ def _security_policy(args: argparse.Namespace) -> int:
     from timely_llm.ros.security_policy import write_policies
 
     try:
-        written = write_policies(args.agents, args.out, args.namespace, args.robot_node)
-    except ValueError as exc:
+        agents, shared = args.agents, True
+        if args.fleet is not None:
+            from timely_llm.ros.fleet_file import load_fleet
+            from timely_llm.ros.security_policy import fleet_agents
+
+            agents, shared = fleet_agents(load_fleet(str(args.fleet)), args.agents), args.shared
+        if not agents:
+            raise ValueError("no robots: give --agents or a --fleet file")
+        written = write_policies(agents, args.out, args.namespace, args.robot_node, shared)
+    except ValueError as exc:  # ConfigError included
         raise SystemExit(f"timely-llm security-policy: {exc}") from None
     for path in written:
         print(path)

@@ -14,8 +14,13 @@ sent it: one client could name a new agent in every request and make the node cr
   in flight for :data:`IDLE_S` (a robot sending plan after plan keeps them, so its next report does not wait for
   a new subscription to be discovered);
 - at most :data:`MAX_AGENTS` agents have endpoints at once (the node is sized for 1,000 goals in flight). A new
-  agent past that takes the place of the idle agent whose last request came least recently; when every one has
-  a request in flight, the new agent's request is refused ("too many robots"), and no endpoint is made.
+  agent past that takes the place of the idle agent whose last request came least recently (one the fleet file
+  does not name, first); when every one has a request in flight, the new agent's request is refused ("too many
+  robots"), and no endpoint is made;
+- the agents a fleet file names by their own id (``named``) have slots kept for them: agents it does not name
+  (matched by a pattern, or every agent without a fleet file) hold at most MAX_AGENTS less the named ones, so
+  however many ids a client makes up, every named robot finds its slot. (With a fleet file an agent it does not
+  match at all is refused before it reaches this.)
 
 The agent ids a hostile client makes up thus cost the node at most MAX_AGENTS agents' endpoints, held only while
 their requests are in flight (which the goal checks and the watchdog bound) and IDLE_S after.
@@ -78,6 +83,8 @@ class AgentTopics:
         self._node, self._busy, self._on_report = node, busy, on_report
         self._pump = TopicPump(node)
         self._agents: OrderedDict[str, _Agent] = OrderedDict()  # least recently admitted first
+        self.named: frozenset[str] = frozenset()
+        """The agent ids the fleet file names itself: slots are kept for them (set at configure)."""
         node.create_timer(SWEEP_S, self.sweep, callback_group=goals_group)
 
     def admit(self, agent: str) -> str | None:
@@ -85,11 +92,17 @@ class AgentTopics:
         if agent in self._agents:
             self._agents.move_to_end(agent)
             return None
-        if len(self._agents) >= MAX_AGENTS and not self._drop_least_recent_idle():
-            return f"too many robots: {MAX_AGENTS} have requests in flight"
+        if not self._room_for(agent):
+            return f"too many robots: {MAX_AGENTS} have requests in flight ({len(self.named)} slots kept for the " \
+                   "robots the fleet file names)"
         self._agents[agent] = _Agent(self._pump.subscribe(
             SegmentDone, report_topic(agent), DEEP_RELIABLE, lambda report: self._on_report(agent, report)))
         return None
+
+    @property
+    def pump(self) -> TopicPump:
+        """The thread that takes the robots' own topics (``topic_pump``)."""
+        return self._pump
 
     def topic_endpoints(self, agent: str, on_cancel: Callable[[str, String], None]) -> TopicEndpoints:
         """An admitted agent's topic-interface endpoints, made on first use."""
@@ -113,12 +126,25 @@ class AgentTopics:
             elif now - held.idle_since >= IDLE_S:
                 self._drop(agent)
 
-    def _drop_least_recent_idle(self) -> bool:
+    def _room_for(self, agent: str) -> bool:
+        """Room for a new agent's endpoints, made by dropping an idle agent's if need be."""
+        if agent not in self.named:
+            unnamed = sum(1 for held in self._agents if held not in self.named)
+            if unnamed >= MAX_AGENTS - len(self.named) and not self._drop_least_recent_idle(unnamed_only=True):
+                return False
+        return len(self._agents) < MAX_AGENTS or self._drop_least_recent_idle(unnamed_only=False)
+
+    def _drop_least_recent_idle(self, unnamed_only: bool) -> bool:
+        """Drop the least recently admitted idle agent the fleet file does not name (else, unless ``unnamed_only``,
+        the least recent idle one); False if there is none."""
         busy = self._busy()
-        idle = next((agent for agent in self._agents if agent not in busy), None)
-        if idle is None:
+        idle = [agent for agent in self._agents if agent not in busy]
+        chosen = next((agent for agent in idle if agent not in self.named), None)
+        if chosen is None and not unnamed_only and idle:
+            chosen = idle[0]
+        if chosen is None:
             return False
-        self._drop(idle)
+        self._drop(chosen)
         return True
 
     def _drop(self, agent: str) -> None:

@@ -18,6 +18,7 @@ from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import Engine
 from timely_llm.engines.registry import ENGINE_PREFIXES, ENGINES, EngineSettings, engine_kind
 from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.ros.fleet_file import Fleet, load_fleet, open_fleet
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
 from timely_llm.ros.parameters import foreign_engine_parameters, foreign_engine_refusal
@@ -85,11 +86,17 @@ class EngineLoader:
         if self._teardown is not None:
             self._teardown.join()
 
-    def goal_rules(self, server: Server) -> GoalRules:
+    def goal_rules(self, server: Server, fleet: Fleet) -> GoalRules:
+        fleet.check_types(set(server.robots))
         return GoalRules(server.robots, self._catalog, server.engine.tokenizer.encode,
                          self._param("max_prompt_tokens"), default_tufs(self._param),
                          engine_kind(self._param("engine")).simulated,
-                         self._param("max_task_chars"))
+                         self._param("max_task_chars"), fleet, self._param("max_new_tokens"))
+
+    def _fleet(self) -> Fleet:
+        """The fleet file's robots (parameter ``fleet_file``), or every agent with the default quotas."""
+        path = str(self._param("fleet_file") or "")
+        return load_fleet(path) if path else open_fleet()
 
     def _release(self, server: Server, loop: threading.Thread, previous: threading.Thread | None) -> None:
         if previous is not None:
@@ -102,9 +109,10 @@ class EngineLoader:
         """Loader thread: the previous engine released first, then the new server and its goal rules."""
         try:
             self.join()
+            fleet = self._fleet()  # before the engine: a bad fleet file fails configure at once
             server = self._make_server()
             try:
-                loading.set_result((server, self.goal_rules(server)))
+                loading.set_result((server, self.goal_rules(server, fleet)))
             except BaseException:
                 server.engine.close()
                 raise

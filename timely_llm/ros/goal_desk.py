@@ -14,7 +14,7 @@ from action_msgs.msg import GoalInfo, GoalStatus
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
 from rclpy.task import Future
-from timely_llm_interfaces.names import MAX_ID_CHARS, REQUEST_PLAN
+from timely_llm_interfaces.names import MAX_ID_CHARS, REQUEST_PLAN, agent_id_error
 from timely_llm_interfaces.qos import action_server_qos
 from timely_llm_interfaces.rclpy_compat import CancelScreeningActionServer
 
@@ -26,6 +26,7 @@ from timely_llm.ros.interfaces import RequestPlan, SegmentDone, TaskRequest
 from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.ledger import Ledger
 from timely_llm.ros.messages import aborted_result, result_message, segment_message, status_name
+from timely_llm.ros.quotas import AgentQuotas
 from timely_llm.ros.reports import instant
 from timely_llm.ros.server_loop import ServerLoop, cancel
 from timely_llm.ros.server_node import Guard, ServerNode
@@ -45,19 +46,31 @@ class GoalDesk:
         """``on_report(agent, report)``: a report that came on ``agent``'s own topic (``robot_reports``)."""
         self._node, self._loop, self._ledger = node, loop, ledger
         self.serving = False  # active: goals are accepted
-        self.rules: GoalRules | None = None  # set at configure, and by live parameters
+        self._goal_rules: GoalRules | None = None  # set at configure, and by live parameters
         self._checked: tuple[int, PlanRequest] | None = None  # the goal just checked, for its accepted callback
         self._outbox: collections.deque[tuple[str, object]] = collections.deque()
         self._group = node.goals_group  # goal, cancel, result requests, outbox: one at a time
         self._guarded = guarded
         self._outbox_ready = node.create_guard_condition(guarded(self._drain_outbox), callback_group=self._group)
-        self._log = ThrottledLog(node.get_logger().warning)
+        self._log = ThrottledLog(node.get_logger().warning)  # refusals: the budget flooding clients spend
+        self._clamps = ThrottledLog(node.get_logger().warning)  # accepted requests' clamped claims: quotas bound them
         self.agents = AgentTopics(node, ledger.agents, lambda agent, report: on_report(
             agent, self.topics.to_node(report)), self._group)
         self.topics = TopicRequests(node, self._start_topic_request, self._cancel_topic_request, self.agents,
-                                    self._group)
+                                    self._group, self._screen, self._may_ask, self._log)
+        self._quotas = AgentQuotas(ledger.in_flight)
         self._action: ActionServer | None = None
         self._running: dict[str, Future] = {}  # goals EXECUTING: each one's execute callback awaits its result
+
+    @property
+    def rules(self) -> GoalRules | None:
+        """What the next goal is checked against: set at configure, and by live parameters."""
+        return self._goal_rules
+
+    @rules.setter
+    def rules(self, rules: GoalRules | None) -> None:
+        self._goal_rules = rules
+        self.agents.named = frozenset(rules.fleet.named) if rules is not None else frozenset()
 
     def open(self, result_timeout: float) -> None:
         """The ``request_plan`` action and the ``task_requests`` topic."""
@@ -83,7 +96,9 @@ class GoalDesk:
     def _on_goal(self, goal: RequestPlan.Goal) -> GoalResponse:
         try:
             self._check_serving()
-            plan = plan_from_goal(goal, "", self._rules())
+            notes: list[str] = []
+            plan = plan_from_goal(goal, "", self._rules(), notes)
+            self._check_quota(goal.agent_id)
             too_many = self.agents.admit(goal.agent_id)
             if too_many:
                 raise RequestRejected(too_many)
@@ -91,6 +106,7 @@ class GoalDesk:
             agent = goal.agent_id[:MAX_ID_CHARS]
             self._log.warn(agent, f"rejected goal from {agent!r}: {exc}")
             return GoalResponse.REJECT
+        self._tell(goal.agent_id, notes)
         self._checked = (id(goal), plan)  # rclpy passes no goal id here; its accepted callback comes next
         return GoalResponse.ACCEPT
 
@@ -98,10 +114,31 @@ class GoalDesk:
         if not self.serving:
             raise RequestRejected("server is not active")
 
+    def _check_quota(self, agent: str) -> None:
+        """RequestRejected if the agent is over its quota of requests in flight or its rate (then takes a token)."""
+        entry = self.rules.fleet.entry(agent) if self.rules is not None else None
+        refused = self._quotas.refusal(agent, entry.quotas) if entry is not None else None
+        if refused:
+            raise RequestRejected(refused)
+
     def _rules(self) -> GoalRules:
         if self.rules is None:  # set at configure, before the node serves
             raise RequestRejected("server is not configured")
         return self.rules
+
+    def _tell(self, agent: str, notes: list[str]) -> None:
+        """Log (throttled) what was clamped in an accepted request."""
+        if notes:
+            self._clamps.warn(agent, f"request of {agent!r}: {'; '.join(notes)}")
+
+    def _screen(self, request: TaskRequest) -> str | None:
+        """Why a task request's agent may not ask for it at all (checked before any endpoint is made for it)."""
+        if self.rules is None:
+            return None  # refused as the server is not active
+        return agent_id_error(request.agent_id) or self.rules.fleet.screen(request.agent_id, request.robot_type)
+
+    def _may_ask(self, agent: str) -> bool:
+        return self.rules is None or self.rules.fleet.entry(agent) is not None
 
     def _on_accepted(self, goal_handle) -> None:  # noqa: ANN001 - rclpy ServerGoalHandle
         request_id = goal_handle.goal_id.uuid.tobytes().hex()
@@ -119,7 +156,10 @@ class GoalDesk:
     def _start_topic_request(self, request: TaskRequest, request_id: str) -> None:
         """Serve a task request from the topic as a goal is served; RequestRejected says why it cannot be."""
         self._check_serving()
-        plan = plan_from_goal(request, request_id, self._rules())
+        notes: list[str] = []
+        plan = plan_from_goal(request, request_id, self._rules(), notes)
+        self._check_quota(request.agent_id)
+        self._tell(request.agent_id, notes)
         self._ledger.open(request_id, request.agent_id, not request.no_execution_reports)
         self._loop.send(functools.partial(self._submit, dataclasses.replace(plan, arrival=self._loop.clock.now())))
 

@@ -45,10 +45,12 @@ class Ledger:
         self._concluding: set[str] = set()  # requests whose goal's execute callback has yet to run
         self._totals: dict[str, CategoryTotals] = collections.defaultdict(CategoryTotals)
         self.finished = 0
+        self._in_flight: collections.Counter[str] = collections.Counter()  # agent -> its requests open
 
     def reset_reports(self, factor: float, margin: float) -> None:
         """A fresh report book (at configure) with the watchdog's timeouts: swapped whole, no lock needed."""
         self._reports = ReportBook(factor, margin)
+        self._in_flight = collections.Counter()
 
     def set_timeouts(self, factor: float, margin: float) -> None:
         with self._lock:
@@ -59,6 +61,8 @@ class Ledger:
         with self._lock:
             if goal_handle is not None:
                 self._goals[request_id] = goal_handle
+            if request_id not in self._reports:
+                self._in_flight[agent] += 1
             self._reports.open(request_id, agent, reports)
 
     def __contains__(self, request_id: str) -> bool:
@@ -74,13 +78,25 @@ class Ledger:
         with self._lock:
             return self._reports.agents()
 
+    def in_flight(self, agent: str) -> int:
+        """The agent's requests in flight (its quota's count)."""
+        with self._lock:
+            return self._in_flight.get(agent, 0)
+
+    def _close(self, request_id: str) -> None:
+        agent = self._reports.close(request_id)
+        if agent is not None:
+            self._in_flight[agent] -= 1
+            if not self._in_flight[agent]:
+                del self._in_flight[agent]
+
     def close(self, request_id: str) -> None:
         with self._lock:
-            self._reports.close(request_id)
+            self._close(request_id)
 
     def finished_one(self, request_id: str, category: str, utility: float | None) -> None:
         with self._lock:
-            self._reports.close(request_id)
+            self._close(request_id)
             self._totals[category].add(utility)
             self.finished += 1
 

@@ -75,11 +75,11 @@ class LiveParameters:
             return given[name] if name in given else self._node.param(name)
 
         rules = self._desk.rules if self._node.server is not None else None  # set together at configure
-        if rules is not None and (names & {"max_task_chars", "max_prompt_tokens"}
+        if rules is not None and (names & {"max_task_chars", "max_prompt_tokens", "max_new_tokens"}
                                   or any(n.startswith("tuf.") for n in names)):
             self._desk.rules = dataclasses.replace(
                 rules, default_tufs=default_tufs(param), max_prompt_tokens=param("max_prompt_tokens"),
-                max_task_chars=param("max_task_chars"))
+                max_task_chars=param("max_task_chars"), max_new_tokens=param("max_new_tokens"))
         self._ledger.set_timeouts(param("segment_timeout_factor"), param("segment_timeout_margin"))
         if "status_period" in names:
             self._reporter.set_period(param("status_period"))

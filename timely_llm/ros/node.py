@@ -118,7 +118,10 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "max_task_chars": (2000, "goals whose task text is longer are rejected"),
     "max_prompt_tokens": (SHIPPED, "goals whose prompt is longer are rejected (vllm: + max_new_tokens <= "
                                    "max_model_len)"),
-    "max_new_tokens": (DEFAULT_MAX_NEW_TOKENS, "default cap on a plan's tokens"),
+    "max_new_tokens": (DEFAULT_MAX_NEW_TOKENS, "a plan's token budget: a goal's own max_new_tokens may ask for "
+                                               "less, never more"),
+    "fleet_file": ("", "fleet file (YAML): the robots that may ask, their robot types, priority classes and "
+                       "quotas (docs/node.md, 'Fleet file'); empty = every agent, class urgent, default quotas"),
     "segment_timeout_factor": (SHIPPED, "a segment times out after factor x its estimated execution time ..."),
     "segment_timeout_margin": (SHIPPED, "... plus this many seconds"),
     "status_period": (SHIPPED, "seconds between ServerStatus messages"),

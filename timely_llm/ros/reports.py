@@ -95,8 +95,10 @@ class ReportBook:
     def open(self, request_id: str, agent: str, reports: bool = True) -> None:
         self._lanes[request_id] = _Lane(agent, reports)
 
-    def close(self, request_id: str) -> None:
-        self._lanes.pop(request_id, None)
+    def close(self, request_id: str) -> str | None:
+        """Forget a request; its agent (None if it was not open)."""
+        lane = self._lanes.pop(request_id, None)
+        return lane.agent if lane is not None else None
 
     def live(self) -> list[str]:
         return list(self._lanes)

@@ -1,11 +1,15 @@
 """``timely-llm security-policy``: SROS2 permission policies for the node and each robot (sros2's policy format,
 version 0.2.0: ``sros2/policy/schemas/policy.xsd``).
 
-A robot may publish ``task_requests`` and its own ``<agent>/segment_done`` and ``<agent>/cancel``, subscribe to
-its own ``<agent>/segments`` and ``<agent>/plan_result``, and call the ``request_plan`` action; the node may
-subscribe to every listed robot's report and cancel topics, publish their segments and results, and execute the
-action. Each also gets what any rclpy node uses (``rosout``, ``/parameter_events``, its parameter services,
-``/clock``), the node its lifecycle services and its ``status`` and ``/diagnostics`` topics.
+A robot may publish on its own ``<agent>/task_requests``, ``<agent>/segment_done`` and ``<agent>/cancel``,
+subscribe to its own ``<agent>/segments`` and ``<agent>/plan_result``, and, unless its policy is written from a
+fleet file without ``shared``, publish on the shared ``task_requests`` and call the ``request_plan`` action (where
+a policy cannot check the agent id a request names). The node may subscribe to every robot's request, report and
+cancel topics, publish their segments and results, and execute the action, all through wildcards
+(``<ns>/*/segment_done``...), so its policy names no robot: adding a robot to the fleet needs no new permissions
+for the node, only the new robot's own policy. Each also gets what any rclpy node uses (``rosout``,
+``/parameter_events``, its parameter services, ``/clock``), the node its lifecycle services and its ``status``
+and ``/diagnostics`` topics.
 
 What this protects and what it does not: docs/node.md, "Security".
 
@@ -29,6 +33,8 @@ from timely_llm_interfaces.names import (
     report_topic,
 )
 
+from timely_llm.ros.fleet_file import Fleet, own_request_topic
+
 POLICY_VERSION = "0.2.0"
 SERVER_NODE = "timely_llm_server"
 ENCLAVE_ROOT = "/timely_llm"
@@ -39,9 +45,11 @@ LIFECYCLE_SERVICES = ["change_state", "get_available_states", "get_available_tra
                       "get_transition_graph"]
 
 
-def write_policies(agents: list[str], out_dir: Path, namespace: str = "/", robot_node: str = "{agent}") -> list[Path]:
+def write_policies(agents: list[str], out_dir: Path, namespace: str = "/", robot_node: str = "{agent}",
+                   shared: bool = True) -> list[Path]:
     """One policy file per robot (``<agent>.policy.xml``) and one for the node (``timely_llm_server.policy.xml``)
-    in ``out_dir``; ValueError names an agent id that cannot name topics."""
+    in ``out_dir``; ValueError names an agent id that cannot name topics. ``shared``: robots may also use the
+    shared ``task_requests`` and the action (where they can name any agent id)."""
     for agent in agents:
         error = agent_id_error(agent)
         if error:
@@ -51,8 +59,8 @@ def write_policies(agents: list[str], out_dir: Path, namespace: str = "/", robot
     out_dir.mkdir(parents=True, exist_ok=True)
     ns = "/" + namespace.strip("/") if namespace.strip("/") else "/"
     written = []
-    for name, policy in [(agent, robot_policy(agent, ns, robot_node.format(agent=agent))) for agent in agents] + [
-            (SERVER_NODE, server_policy(agents, ns))]:
+    for name, policy in [(agent, robot_policy(agent, ns, robot_node.format(agent=agent), shared))
+                         for agent in agents] + [(SERVER_NODE, server_policy(ns))]:
         path = out_dir / f"{name}.policy.xml"
         ElementTree.indent(policy)
         path.write_bytes(ElementTree.tostring(policy, encoding="UTF-8", xml_declaration=True) + b"\n")
@@ -60,24 +68,36 @@ def write_policies(agents: list[str], out_dir: Path, namespace: str = "/", robot
     return written
 
 
-def robot_policy(agent: str, namespace: str, node: str) -> ElementTree.Element:
+def fleet_agents(fleet: Fleet, agents: list[str]) -> list[str]:
+    """The robots to write policies for: every id the fleet file names, and ``agents`` (ids its patterns match);
+    ValueError names an agent the fleet file does not match."""
+    for agent in agents:
+        if fleet.entry(agent) is None:
+            raise ValueError(f"agent {agent!r} is not in the fleet file {fleet.source}")
+    return sorted(set(fleet.named) | set(agents))
+
+
+def robot_policy(agent: str, namespace: str, node: str, shared: bool = True) -> ElementTree.Element:
     """What robot ``agent`` may publish, subscribe to and call."""
     segments, results = agent_topics(agent)
     profile = _profile(namespace, node)
-    _topics(profile, "publish", [_absolute(namespace, n) for n in (TASK_REQUESTS, report_topic(agent),
-                                                                   cancel_topic(agent))])
+    own = [own_request_topic(agent), report_topic(agent), cancel_topic(agent)]
+    _topics(profile, "publish", [_absolute(namespace, n) for n in ([TASK_REQUESTS] if shared else []) + own])
     _topics(profile, "subscribe", [_absolute(namespace, n) for n in (segments, results)])
-    _list(profile, "actions", "action", {"call": "ALLOW"}, [_absolute(namespace, REQUEST_PLAN)])
+    if shared:
+        _list(profile, "actions", "action", {"call": "ALLOW"}, [_absolute(namespace, REQUEST_PLAN)])
     return _policy(f"{ENCLAVE_ROOT}/{agent}", profile)
 
 
-def server_policy(agents: list[str], namespace: str) -> ElementTree.Element:
-    """What the node may publish, subscribe to and serve, for the robots ``agents``."""
+def server_policy(namespace: str) -> ElementTree.Element:
+    """What the node may publish, subscribe to and serve: every robot's topics through wildcards (fnmatch's ``*``,
+    which DDS Security's permissions take in topic names), so the policy names no robot."""
+    every = "*"
     profile = _profile(namespace, SERVER_NODE)
-    _topics(profile, "subscribe", [_absolute(namespace, TASK_REQUESTS)] + [
-        _absolute(namespace, name) for agent in agents for name in (report_topic(agent), cancel_topic(agent))])
+    _topics(profile, "subscribe", [_absolute(namespace, n) for n in (
+        TASK_REQUESTS, own_request_topic(every), report_topic(every), cancel_topic(every))])
     _topics(profile, "publish", [_absolute(namespace, STATUS), "/diagnostics", "~/transition_event"] + [
-        _absolute(namespace, name) for agent in agents for name in agent_topics(agent)])
+        _absolute(namespace, name) for name in agent_topics(every)])
     _list(profile, "services", "service", {"reply": "ALLOW"}, [f"~/{s}" for s in LIFECYCLE_SERVICES])
     _list(profile, "actions", "action", {"execute": "ALLOW"}, [_absolute(namespace, REQUEST_PLAN)])
     return _policy(f"{ENCLAVE_ROOT}/{SERVER_NODE}", profile)

@@ -1,7 +1,10 @@
 """Robot side of the topic interface (``timely_llm/ros/topic_requests.py``): publish a task, hear only your own.
 
-A :class:`TopicRobotClient` is a :class:`RobotClient` that asks over ``task_requests`` instead
-of the action: it subscribes to its own ``<agent_id>/segments`` and ``<agent_id>/plan_result``
+A :class:`TopicRobotClient` is a :class:`RobotClient` that asks on its own ``<agent_id>/task_requests``
+instead of the action (the node finds that topic in the ROS graph; the client waits up to OWN_TOPIC_MATCH_S for
+the node's subscription before its first request, and asks on the shared ``task_requests`` if none comes, as a
+node older than the per-robot request topics needs): it subscribes to its own ``<agent_id>/segments`` and
+``<agent_id>/plan_result``
 only, executes each segment with the same runners (SimulatedSkills, a Tello, an arm),
 reports it on its own ``<agent_id>/segment_done`` and cancels on its own ``<agent_id>/cancel``.
 Its agent id must be a ROS name token (see :func:`ros_agent_id` for turning any name into one).
@@ -18,6 +21,7 @@ import time
 import uuid
 
 from rclpy.node import Node
+from rclpy.publisher import Publisher
 from std_msgs.msg import String
 from timely_llm_interfaces.fields import duration_msg, overrun_code
 from timely_llm_interfaces.names import TASK_REQUESTS, agent_topics, cancel_topic
@@ -46,6 +50,9 @@ class TopicPlanLink:
         return True
 
 
+OWN_TOPIC_MATCH_S = 15.0
+
+
 class TopicRobotClient(RobotClient[TopicPlanLink]):
     """One robot on the topic interface; the same ``request``/``wait`` use as :class:`RobotClient`."""
 
@@ -63,17 +70,31 @@ class TopicRobotClient(RobotClient[TopicPlanLink]):
             link.node.create_subscription(PlanResult, results, self._on_plan_result, AGENT_QOS,
                                           event_callbacks=quiet)]
         self._cancel_pub = robot_publisher(link.node, String, cancel_topic(agent_id))
+        self._request_pub = link.node.create_publisher(TaskRequest, f"{agent_id}/{TASK_REQUESTS}", TASK_REQUESTS_QOS)
+        self._matched = False
+
+    def _request_publisher(self) -> Publisher:
+        """Its own request topic's publisher once the node reads it (waiting up to OWN_TOPIC_MATCH_S the first
+        time), else the link's shared one."""
+        deadline = time.monotonic() + OWN_TOPIC_MATCH_S
+        while not self._matched and not self._request_pub.get_subscription_count():
+            if time.monotonic() >= deadline:
+                return self.link.request_pub
+            time.sleep(MATCH_POLL_S)
+        self._matched = True
+        return self._request_pub
 
     def request(self, task: str, tuf: Urgency | None = None, trace_id: int = 0, max_new_tokens: int = 0,
                 label: str = "", keep_if_infeasible: bool = False, overrun_strategy: str = "") -> TaskOutcome:
         """Publish a task request (``tuf=None``: the server's default for its category); ``wait()`` on the outcome."""
         ert, alpha, beta = (tuf.ert, tuf.alpha, tuf.beta) if tuf else (0.0, 0.0, 0.0)
+        publisher = self._request_publisher()  # first: what arrives before it is sent is an earlier request's
         outcome = TaskOutcome(label or self.agent_id, time.monotonic(), accepted=True)
         with self._pending_lock:
             self._count += 1
             request_id = f"{self._ids}{self._count}"
             self._pending[request_id] = outcome
-        self.link.request_pub.publish(TaskRequest(
+        publisher.publish(TaskRequest(
             request_id=request_id, agent_id=self.agent_id, robot_type=self.robot_type, task=task,
             tuf_ert=duration_msg(ert), tuf_alpha=alpha, tuf_beta=beta, max_new_tokens=max_new_tokens,
             trace_id=trace_id, keep_if_infeasible=keep_if_infeasible, overrun_strategy=overrun_code(overrun_strategy)))
@@ -93,6 +114,7 @@ class TopicRobotClient(RobotClient[TopicPlanLink]):
         for subscription in self._subscriptions:
             self.link.node.destroy_subscription(subscription)
         self.link.node.destroy_publisher(self._cancel_pub)
+        self.link.node.destroy_publisher(self._request_pub)
 
     def _on_segment(self, segment: SegmentMsg) -> None:
         with self._pending_lock:

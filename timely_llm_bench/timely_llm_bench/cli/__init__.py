@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from timely_llm_bench.cli.engine import _add_fidelity, _add_peer_bench
-from timely_llm_bench.cli.ros import _add_demo, _add_fleet, _add_load_bench, _add_traffic_bench
+from timely_llm_bench.cli.ros import _add_abuse_bench, _add_demo, _add_fleet, _add_load_bench, _add_traffic_bench
 from timely_llm_bench.cli.simulator import (
     _add_ablation,
     _add_bench,
@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, str]:
                                            "with the machine's load during each"))
     _add_load_bench(sub.add_parser("load-bench", help="the node under 100s of robots: goals in flight, accept "
                                                        "latency, CPU, RSS; RSS after 1,000 vs 10,000 goals"))
+    _add_abuse_bench(sub.add_parser("abuse-bench", help="honest robots' response times beside request floods, "
+                                                       "impostor ids, urgency claims, with and without a fleet file"))
     _add_traffic_bench(sub.add_parser("traffic-bench", help="what each robot process receives on the action vs "
                                                              "the topic interface, for N robot processes"))
     _add_table(sub.add_parser("table", help="markdown table of bench or sweep results"))

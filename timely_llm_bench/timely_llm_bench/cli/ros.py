@@ -305,6 +305,36 @@ def _load_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_abuse_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenarios", nargs="+", choices=("defaults", "fleet"), default=["defaults", "fleet"],
+                   help="defaults: no fleet file, one agent flooding urgent claims; fleet: 20 declared robots, "
+                        "2,000 made-up ids and a declared robot claiming beyond its class (default both)")
+    p.add_argument("--duration", type=_positive_float, default=30.0, help="seconds per run (default 30)")
+    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
+                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    p.set_defaults(run=_abuse_bench)
+
+
+def _abuse_bench(args: argparse.Namespace) -> int:
+    from timely_llm.plan.robot_file import load_skill_models
+    from timely_llm.traces import load_catalog
+    from timely_llm_bench.robots.abuse_bench import AbuseResult, run_abuse
+
+    skills, catalog = load_skill_models(), load_catalog()
+    print(f"node in-process on the sim engine, batch cap 8; {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at the start", flush=True)
+    print(AbuseResult.HEADER, flush=True)
+    for scenario in args.scenarios:
+        quiet = run_abuse(scenario, False, args.duration, skills, catalog, args.domain_id)
+        print(quiet.row(), flush=True)
+        attacked = run_abuse(scenario, True, args.duration, skills, catalog, args.domain_id)
+        print(attacked.row(), flush=True)
+        print(f"{scenario}: urgent mean response with attackers {attacked.urgent_mean_s / quiet.urgent_mean_s:.2f}x "
+              f"the run without; honest goals lost: {attacked.honest_goals - attacked.honest_succeeded}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)
+    return 0
+
+
 def _add_traffic_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--robots", nargs="+", type=_positive_int, default=[2, 8, 32],
                    help="robot processes, all at once against a fresh node per count (default 2 8 32)")
