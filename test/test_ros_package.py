@@ -188,6 +188,36 @@ def test_a_shutdown_during_the_load_gives_it_up(session: tuple) -> None:
         node.destroy_node()
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    ({"no_such_param": 1}, "unknown parameter no_such_param: not a parameter of this node"),
+    ({"polcy": "edf"}, "unknown parameter polcy (did you mean policy?)"),
+    ({"remote.urll": "http://x"}, "unknown parameter remote.urll (did you mean remote.url?)"),
+    ({"tuf.urgent.ertt": 0.5, "zzz": 1}, "unknown parameters tuf.urgent.ertt (did you mean tuf.urgent.ert?), zzz:"),
+])
+def test_a_parameter_the_node_does_not_take_fails_configure_naming_it(session: tuple, given: dict,
+                                                                     says: str) -> None:
+    """rclpy declares whatever a node is given; configure refuses what the node does not take, in one line.
+    use_sim_time and the QoS overrides are rclpy's own, and taken."""
+    with server_node(session[1], session[0], autostart=False, use_sim_time=False, **given,
+                     **{"qos_overrides./parameter_events.publisher.depth": 100}) as node:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.lifecycle_state == "unconfigured"
+        assert says in node.configure_error and "\n" not in node.configure_error, node.configure_error
+        assert "use_sim_time" not in node.configure_error and "qos_overrides" not in node.configure_error
+
+
+def test_a_misspelt_parameter_on_the_command_line_fails_configure_and_the_node_stays_up(
+        session: tuple, link: PlanLink, ros_domain: int, tmp_path: Path) -> None:
+    """``-p no_such_param:=1``: autostart's configure fails naming it, as does a lifecycle client's."""
+    log = tmp_path / "node.log"
+    with node_process(ros_domain, log, "engine:=sim", "no_such_param:=1") as process:
+        wait_until(lambda: "configure failed" in log.read_text(), TIMEOUT_S, "the failed configure")
+        assert "unknown parameter no_such_param" in log.read_text()
+        assert _state(link.node, "/timely_llm_server") == "unconfigured" and process.poll() is None
+        assert not _change(link.node, "/timely_llm_server", Transition.TRANSITION_CONFIGURE)
+        assert log.read_text().count("unknown parameter no_such_param") >= 2
+
+
 @contextmanager
 def node_process(domain: int, log: Path, *overrides: str) -> Iterator[subprocess.Popen]:
     """``python -m timely_llm.ros.node`` on ``domain``; SIGINT at the end, and it must exit 0."""
