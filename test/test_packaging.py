@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lifecycle_msgs.srv import GetState
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
 from node_processes import (
     READY_LINE,
     REPO,
@@ -458,6 +459,29 @@ def test_launch_file_without_autostart_leaves_the_node_unconfigured(launch_packa
         assert READY_LINE not in server.output()
 
 
+def test_launch_file_starts_a_lifecycle_node_on_sim_time_at_debug_that_a_lifecycle_client_drives(
+        launch_packages: LaunchPackages, workspace: Workspace, ros_domain: int, link: PlanLink) -> None:
+    """A launch_ros LifecycleNode with use_sim_time, log_level and a namespace; autostart:=false, as under a
+    lifecycle manager: a lifecycle client configures and activates it."""
+    server_name = f"/fleet_a/{SERVER}"
+    get_state = link.node.create_client(GetState, f"{server_name}/get_state")
+    change = link.node.create_client(ChangeState, f"{server_name}/change_state")
+    arguments = ("use_sim_time:=true", "log_level:=debug", "namespace:=fleet_a", "engine:=sim", "autostart:=false")
+    with _launch(workspace, launch_packages, ros_domain, *arguments) as server:
+        server.wait_for(get_state.service_is_ready, "lifecycle services")
+        assert ask(server, lambda: get_state.call_async(GetState.Request()), "get_state").current_state.label \
+            == "unconfigured"
+        for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
+            future = change.call_async(ChangeState.Request(transition=Transition(id=transition)))
+            server.wait_for(future.done, "change_state answer")  # not asked again: a transition is no query
+            assert future.result().success, server.output()
+        assert ask(server, lambda: get_state.call_async(GetState.Request()), "get_state").current_state.label \
+            == "active"
+        assert parameters_of(link.node, server, ["use_sim_time", "engine"], server_name) == {
+            "use_sim_time": True, "engine": "sim"}
+        assert "[DEBUG]" in server.output(chars=0)
+
+
 def test_launches_in_two_namespaces_take_their_params_files_and_serve_their_fleets(
         launch_packages: LaunchPackages, workspace: Workspace, ros_domain: int, session: tuple,
         tmp_path: Path) -> None:
@@ -496,4 +520,46 @@ def test_colcon_test_runs_the_suite_against_the_install(workspace: Workspace) ->
     assert int(suite.get("tests")) >= 10 and suite.get("failures") == suite.get("errors") == "0", ET.tostring(suite)
     verdict = subprocess.run(workspace.sourced("colcon test-result --all"), cwd=workspace.root, env=env,
                              capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert verdict.returncode == 0 and "0 errors, 0 failures" in verdict.stdout, verdict.stdout
+
+
+NO_VLLM = """
+import importlib.abc, sys
+
+class NoVllm(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("vllm", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r} (a workspace without vLLM)", name=name)
+        return None
+
+sys.meta_path.insert(0, NoVllm())
+"""
+
+
+def test_colcon_test_without_vllm_runs_what_needs_none_and_names_what_it_leaves_out(tmp_path: Path) -> None:
+    """A fresh workspace of the node and its interfaces, built and tested where neither vLLM nor torch can be
+    imported (a sitecustomize that refuses them): `colcon test` passes, running the modules that need no vLLM
+    (narrowed to three by PYTEST_ADDOPTS) and naming those it leaves out."""
+    ws = _laid_out(tmp_path / "timely_llm", tmp_path / "ws", "timely_llm_interfaces timely_llm")
+    blocker = tmp_path / "no_vllm"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(NO_VLLM)
+    env = venv_env(0, None, PYTHONPATH=str(blocker),
+                   PYTEST_ADDOPTS="-k 'test_segmenter or test_tuf_priority or test_vllm_args'")
+    sourced = Workspace(ws).sourced
+    checked = subprocess.run(_sourced([], "python -c 'import vllm'"), cwd=ws, env=env, capture_output=True, text=True)
+    assert checked.returncode != 0 and "a workspace without vLLM" in checked.stderr
+    for command in (_sourced([], "colcon build"),
+                    sourced("colcon test --packages-select timely_llm --event-handlers console_direct+")):
+        out = subprocess.run(command, cwd=ws, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    left_out = [line for line in out.stdout.splitlines() if line.startswith("left out ")]
+    assert any(line.startswith("left out test_vllm_engine.py: needs") and ("vllm" in line or "torch" in line)
+               for line in left_out), out.stdout[-4000:]
+    result = ws / "build" / "timely_llm" / "test_results" / "timely_llm" / "pytest_fast.xunit.xml"
+    suite = ET.parse(result).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert int(suite.get("tests")) >= 10 and suite.get("failures") == suite.get("errors") == "0", ET.tostring(suite)
+    verdict = subprocess.run(sourced("colcon test-result --all"), cwd=ws, env=env, capture_output=True, text=True,
+                             timeout=START_TIMEOUT_S)
     assert verdict.returncode == 0 and "0 errors, 0 failures" in verdict.stdout, verdict.stdout
