@@ -550,8 +550,9 @@ sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
 
 def test_colcon_test_without_vllm_runs_what_needs_none_and_names_what_it_leaves_out(tmp_path: Path) -> None:
     """A fresh workspace of the node and its interfaces, built and tested where neither vLLM nor torch can be
-    imported (a sitecustomize whose finders cannot see them, nor xgrammar, which comes with vLLM): `colcon test` passes, running the modules that need no vLLM
-    (narrowed to three by PYTEST_ADDOPTS) and naming those it leaves out."""
+    imported (a sitecustomize whose finders cannot see them, nor xgrammar, which comes with vLLM): `colcon test`
+    passes, running the modules that need no vLLM (narrowed to three by PYTEST_ADDOPTS; test_vllm_args.py's tests
+    marked needs_vllm skipped) and naming those it leaves out."""
     ws = _laid_out(tmp_path / "timely_llm", tmp_path / "ws", "timely_llm_interfaces timely_llm")
     blocker = tmp_path / "no_vllm"
     blocker.mkdir()
