@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import random
 import threading
@@ -19,6 +20,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs the embedded vLLM engine (slow start)")
     config.addinivalue_line("markers", "ros: needs ROS 2 (rclpy and the built interfaces)")
     config.addinivalue_line("markers", "remote: needs vllm serve (the vllm_serve fixture starts one, slow)")
+    config.addinivalue_line("markers", "needs_vllm: imports vLLM while it runs (no engine start): skipped, saying so, "
+                                       "where colcon test runs without vLLM installed")
     config.addinivalue_line("markers", "no_vllm: a node test that needs neither vLLM nor torch: scripts/test.sh runs "
                                        "these on Python 3.10 too")
 
@@ -31,6 +34,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         _LEFT_OUT[collection_path.name] = missing
         return True
     return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``colcon test`` without vLLM, the tests that import it while they run are skipped with the reason."""
+    if not SELECT_INSTALLED or importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs vllm, not installed here")
+    for item in items:
+        if item.get_closest_marker("needs_vllm"):
+            item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -52,7 +52,7 @@ ROS_ENV_VARS = ("AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH", "LD_LIBRARY_PATH", "PY
 vLLM engine of an earlier test puts in this process's environment."""
 
 
-def venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict[str, str]:
+def venv_env(domain: int, pythonpath: Path | str | None = REPO, **extra: str) -> dict[str, str]:
     """An activated venv and nothing else ROS: no ros_env.sh, no setup.bash; ``pythonpath`` (default: this
     checkout and its robot and benchmark packages, where `pip install -e` of them points, even from a git
     worktree)."""
@@ -60,7 +60,7 @@ def venv_env(domain: int, pythonpath: Path | None = REPO, **extra: str) -> dict[
     env.update(VIRTUAL_ENV=str(VENV_BIN.parent), PATH=f"{VENV_BIN}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
                ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
     if pythonpath is not None:
-        roots = (pythonpath, pythonpath / "timely_llm_robot", pythonpath / "timely_llm_bench")
+        roots = (REPO, REPO / "timely_llm_robot", REPO / "timely_llm_bench")  # also given as a str (launch's)
         env["PYTHONPATH"] = os.pathsep.join(map(str, roots)) if pythonpath == REPO else str(pythonpath)
     return env | extra
 

@@ -191,3 +191,34 @@ def test_the_size_finder_counts_from_def_to_last_line() -> None:
         return "def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(statements))
 
     assert oversized(function(40)) == ["f: 41 lines"] and oversized(function(39)) == []
+
+
+ROSDEP_KEYS = {"yaml": "python3-yaml", "numpy": "python3-numpy", "httpx": "python3-httpx", "pytest": "python3-pytest",
+               "xmlschema": "python3-xmlschema"}
+"""The rosdep key of each Python library the node or its tests import whose key is not its import name."""
+PIP_ONLY = {"vllm", "torch", "transformers", "huggingface_hub", "xgrammar", "tokenizers", "safetensors"}
+"""The embedded engine and what comes with it (tokenizers also reads remote.tokenizer's files, safetensors writes
+the tiny test model): pip, not rosdep (package.xml says how)."""
+NOT_DECLARED = {"timely_llm", "timely_llm_bench", "djitellopy"}
+"""The package itself; the benchmarks (they depend on the node: a test dependency back would be a cycle); the Tello
+library (only where a Tello is flown). Tests needing them are left out where they are not installed."""
+
+
+def _third_party(paths: list[Path], local: set[str]) -> set[str]:
+    import sys
+
+    found = set().union(*(_top_names(path) for path in paths))
+    return {name for name in found if name not in sys.stdlib_module_names and name not in local}
+
+
+def test_package_xml_declares_every_run_and_test_dependency_by_its_rosdep_key() -> None:
+    """What the node's modules import is a run dependency, what its tests import a run or test dependency; djitellopy
+    is neither (the node flies no Tello)."""
+    root = ET.parse(REPO / "package.xml").getroot()
+    declared = {kind: {e.text for e in root if e.tag in (kind, "depend")} for kind in ("exec_depend", "test_depend")}
+    tests = sorted((REPO / "test").glob("*.py"))
+    run = _third_party(sorted(PACKAGE.rglob("*.py")), set()) - PIP_ONLY - NOT_DECLARED
+    test = _third_party(tests, {p.stem for p in tests} | {"startup"}) - PIP_ONLY - NOT_DECLARED
+    assert {ROSDEP_KEYS.get(name, name) for name in run} - declared["exec_depend"] == set()
+    assert {ROSDEP_KEYS.get(name, name) for name in test} - declared["exec_depend"] - declared["test_depend"] == set()
+    assert "djitellopy" not in str(declared)

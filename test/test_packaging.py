@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lifecycle_msgs.srv import GetState
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
 from node_processes import (
     READY_LINE,
     REPO,
@@ -458,6 +459,29 @@ def test_launch_file_without_autostart_leaves_the_node_unconfigured(launch_packa
         assert READY_LINE not in server.output()
 
 
+def test_launch_file_starts_a_lifecycle_node_on_sim_time_at_debug_that_a_lifecycle_client_drives(
+        launch_packages: LaunchPackages, workspace: Workspace, ros_domain: int, link: PlanLink) -> None:
+    """A launch_ros LifecycleNode with use_sim_time, log_level and a namespace; autostart:=false, as under a
+    lifecycle manager: a lifecycle client configures and activates it."""
+    server_name = f"/fleet_a/{SERVER}"
+    get_state = link.node.create_client(GetState, f"{server_name}/get_state")
+    change = link.node.create_client(ChangeState, f"{server_name}/change_state")
+    arguments = ("use_sim_time:=true", "log_level:=debug", "namespace:=fleet_a", "engine:=sim", "autostart:=false")
+    with _launch(workspace, launch_packages, ros_domain, *arguments) as server:
+        server.wait_for(get_state.service_is_ready, "lifecycle services")
+        assert ask(server, lambda: get_state.call_async(GetState.Request()), "get_state").current_state.label \
+            == "unconfigured"
+        for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
+            future = change.call_async(ChangeState.Request(transition=Transition(id=transition)))
+            server.wait_for(future.done, "change_state answer")  # not asked again: a transition is no query
+            assert future.result().success, server.output()
+        assert ask(server, lambda: get_state.call_async(GetState.Request()), "get_state").current_state.label \
+            == "active"
+        assert parameters_of(link.node, server, ["use_sim_time", "engine"], server_name) == {
+            "use_sim_time": True, "engine": "sim"}
+        assert "[DEBUG]" in server.output(chars=0)
+
+
 def test_launches_in_two_namespaces_take_their_params_files_and_serve_their_fleets(
         launch_packages: LaunchPackages, workspace: Workspace, ros_domain: int, session: tuple,
         tmp_path: Path) -> None:
@@ -496,4 +520,60 @@ def test_colcon_test_runs_the_suite_against_the_install(workspace: Workspace) ->
     assert int(suite.get("tests")) >= 10 and suite.get("failures") == suite.get("errors") == "0", ET.tostring(suite)
     verdict = subprocess.run(workspace.sourced("colcon test-result --all"), cwd=workspace.root, env=env,
                              capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert verdict.returncode == 0 and "0 errors, 0 failures" in verdict.stdout, verdict.stdout
+
+
+NO_VLLM = """
+import sys
+
+HIDDEN = ("vllm", "torch", "xgrammar")
+
+
+class Hide:
+    # A finder that cannot see vLLM, torch and xgrammar (which comes with vLLM and imports torch): to
+    # importlib.util.find_spec they are not installed, and importing one raises ModuleNotFoundError.
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN:
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, attribute):
+        return getattr(self.finder, attribute)
+
+
+sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
+"""
+
+
+def test_colcon_test_without_vllm_runs_what_needs_none_and_names_what_it_leaves_out(tmp_path: Path) -> None:
+    """A fresh workspace of the node and its interfaces, built and tested where neither vLLM nor torch can be
+    imported (a sitecustomize whose finders cannot see them, nor xgrammar, which comes with vLLM): `colcon test`
+    passes, running the modules that need no vLLM (narrowed to three by PYTEST_ADDOPTS; test_vllm_args.py's tests
+    marked needs_vllm skipped) and naming those it leaves out."""
+    ws = _laid_out(tmp_path / "timely_llm", tmp_path / "ws", "timely_llm_interfaces timely_llm")
+    blocker = tmp_path / "no_vllm"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(NO_VLLM)
+    env = venv_env(0, None, PYTHONPATH=str(blocker),
+                   PYTEST_ADDOPTS="-k 'test_segmenter or test_tuf_priority or test_vllm_args'")
+    sourced = Workspace(ws).sourced
+    checked = subprocess.run(_sourced([], "python -c 'import vllm'"), cwd=ws, env=env, capture_output=True, text=True)
+    assert checked.returncode != 0 and "No module named 'vllm'" in checked.stderr, checked.stderr
+    for command in (_sourced([], "colcon build"),
+                    sourced("colcon test --packages-select timely_llm --event-handlers console_direct+")):
+        out = subprocess.run(command, cwd=ws, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    left_out = [line.split("left out ", 1)[1] for line in out.stdout.splitlines() if "left out " in line]  # "1: ..."
+    assert "test_vllm_engine.py: needs torch, vllm, not installed here" in left_out, out.stdout[-4000:]
+    assert "test_grammar.py: needs xgrammar, not installed here" in left_out, out.stdout[-4000:]
+    assert "skipped" in out.stdout  # test_vllm_args.py's needs_vllm tests
+    result = ws / "build" / "timely_llm" / "test_results" / "timely_llm" / "pytest_fast.xunit.xml"
+    suite = ET.parse(result).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert int(suite.get("tests")) >= 10 and suite.get("failures") == suite.get("errors") == "0", ET.tostring(suite)
+    verdict = subprocess.run(sourced("colcon test-result --all"), cwd=ws, env=env, capture_output=True, text=True,
+                             timeout=START_TIMEOUT_S)
     assert verdict.returncode == 0 and "0 errors, 0 failures" in verdict.stdout, verdict.stdout

@@ -20,6 +20,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from guards import wait_until
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
+from rcl_interfaces.msg import Log
 from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.lifecycle import TransitionCallbackReturn
@@ -33,8 +34,11 @@ from timely_llm_interfaces.names import report_topic
 from timely_llm_interfaces.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
 from timely_llm_interfaces.rclpy_compat import spinning
 
+from timely_llm.core.tuf import TUF
+from timely_llm.engines.base import ServerHealth
+from timely_llm.engines.remote_servers import RemoteServer
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.ros.diagnostics import Snapshot, level_of
+from timely_llm.ros.diagnostics import Snapshot, diagnostic_array, level_of
 from timely_llm.ros.interfaces import RequestPlan, SegmentDone, ServerStatus
 from timely_llm.ros.messages import duration_seconds
 from timely_llm.ros.node import NODE_EXECUTOR_THREADS, NodeStartError, TimelyLlmNode
@@ -53,6 +57,7 @@ TIMEOUT_S = 60.0
 ANSWER_S = 2.0
 """The acceptance bound: a lifecycle or parameter query answers within this while the engine loads."""
 TELLO_TRACE = 1
+URGENT_TRACE = 6
 
 
 def answered(future: object, timeout_s: float, what: str) -> object:
@@ -186,6 +191,36 @@ def test_a_shutdown_during_the_load_gives_it_up(session: tuple) -> None:
         loaded.set()
         executor.remove_node(node)
         node.destroy_node()
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"no_such_param": 1}, "unknown parameter no_such_param: not a parameter of this node"),
+    ({"polcy": "edf"}, "unknown parameter polcy (did you mean policy?)"),
+    ({"remote.urll": "http://x"}, "unknown parameter remote.urll (did you mean remote.url?)"),
+    ({"tuf.urgent.ertt": 0.5, "zzz": 1}, "unknown parameters tuf.urgent.ertt (did you mean tuf.urgent.ert?), zzz:"),
+])
+def test_a_parameter_the_node_does_not_take_fails_configure_naming_it(session: tuple, given: dict,
+                                                                     says: str) -> None:
+    """rclpy declares whatever a node is given; configure refuses what the node does not take, in one line.
+    use_sim_time and the QoS overrides are rclpy's own, and taken."""
+    with server_node(session[1], session[0], autostart=False, use_sim_time=False, **given,
+                     **{"qos_overrides./parameter_events.publisher.depth": 100}) as node:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.lifecycle_state == "unconfigured"
+        assert says in node.configure_error and "\n" not in node.configure_error, node.configure_error
+        assert "use_sim_time" not in node.configure_error and "qos_overrides" not in node.configure_error
+
+
+def test_a_misspelt_parameter_on_the_command_line_fails_configure_and_the_node_stays_up(
+        session: tuple, link: PlanLink, ros_domain: int, tmp_path: Path) -> None:
+    """``-p no_such_param:=1``: autostart's configure fails naming it, as does a lifecycle client's."""
+    log = tmp_path / "node.log"
+    with node_process(ros_domain, log, "engine:=sim", "no_such_param:=1") as process:
+        wait_until(lambda: "configure failed" in log.read_text(), TIMEOUT_S, "the failed configure")
+        assert "unknown parameter no_such_param" in log.read_text()
+        assert _state(link.node, "/timely_llm_server") == "unconfigured" and process.poll() is None
+        assert not _change(link.node, "/timely_llm_server", Transition.TRANSITION_CONFIGURE)
+        assert log.read_text().count("unknown parameter no_such_param") >= 2
 
 
 @contextmanager
@@ -384,6 +419,79 @@ def test_diagnostics_report_state_at_1_hz_with_levels(session: tuple, link: Plan
     assert last.level == DiagnosticStatus.OK and values["lifecycle state"] == "active"
     assert values["engine"] == "sim" and values["policy"] == "timelyllm" and int(values["batch cap"]) > 0
     assert {"queue", "running", "executing", "last step time (s)", "KV free blocks", "device", "model"} <= set(values)
+
+
+def _values(status: DiagnosticStatus) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def test_diagnostics_count_goals_per_robot_type_and_warn_when_urgent_goals_miss_their_deadline(
+        session: tuple, link: PlanLink) -> None:
+    """A status per robot type (goals served, misses in the last minute, mean response); an urgent goal whose first
+    response came after its TUF's ert makes its type's status and the node's WARN, and the node log it at WARN."""
+    arrays: list[DiagnosticArray] = []
+    logs: list[Log] = []
+    link.node.create_subscription(DiagnosticArray, "/diagnostics", arrays.append, QoSProfile(depth=50))
+    link.node.create_subscription(Log, "/rosout", logs.append, QoSProfile(depth=100))
+
+    def latest(name: str) -> DiagnosticStatus | None:
+        return next((s for a in reversed(arrays) for s in a.status if s.name == name), None)
+
+    server, tello, arm = (f"/timely_llm_server: {what}" for what in ("server", "robot type tello", "robot type arm"))
+    with server_node(session[1], session[0]):
+        robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
+        try:
+            for trace in (1, 2):
+                assert robot.request(CATALOG[trace].prompt, None, trace).wait(TIMEOUT_S).status == "succeeded"
+            wait_until(lambda: (s := latest(tello)) is not None and _values(s)["goals served"] == "2", TIMEOUT_S,
+                       "tello's status counting two goals")
+            status, arm_status = latest(tello), latest(arm)
+            assert status is not None and arm_status is not None and status.hardware_id == ""
+            assert status.level == DiagnosticStatus.OK and _values(status)["urgent deadline misses (last 60 s)"] == "0"
+            assert float(_values(status)["mean response (s)"]) > 0 and "2 goals served" in status.message
+            assert _values(arm_status)["goals served"] == "0" and "none yet" in arm_status.message
+            late = TUF(ert=0.001, alpha=-0.01, beta=1.0)  # urgent (trace 6), and answered later than 1 ms
+            assert robot.request(CATALOG[URGENT_TRACE].prompt, late, URGENT_TRACE).wait(TIMEOUT_S).status \
+                == "succeeded"
+            wait_until(lambda: (s := latest(tello)) is not None and s.level == DiagnosticStatus.WARN, TIMEOUT_S,
+                       "tello's status at WARN")
+        finally:
+            robot.close()
+        wait_until(lambda: any(lg.level == Log.WARN and "urgent goals missed" in lg.msg for lg in logs), TIMEOUT_S,
+                   "a WARN log line")
+        time.sleep(3.0)
+    status, node_status = latest(tello), latest(server)
+    assert status is not None and node_status is not None
+    assert _values(status)["urgent deadline misses (last 60 s)"] == "1" and "(1 urgent)" in status.message
+    assert node_status.level == DiagnosticStatus.WARN and "urgent goals missed their deadline" in node_status.message
+    assert "tello 1" in node_status.message and node_status.hardware_id == "/timely_llm_server"
+    assert sum(lg.level == Log.WARN and "urgent goals missed" in lg.msg for lg in logs) == 1  # throttled
+
+
+def test_a_remote_servers_status_says_up_or_down_since_when_with_its_open_streams() -> None:
+    down_since = time.time() - 30.0
+    snapshot = Snapshot(node="/n", lifecycle="active", phase="active: accepting goals", servers=[
+        ServerHealth("http://a:8000", None, None, 3, "m"),
+        ServerHealth("http://b:8000", "ConnectError: refused", down_since, 0, "m")])
+    up, down = diagnostic_array(snapshot, TimeMsg()).status[1:]
+    assert (up.name, up.level, up.hardware_id, up.message) == ("/n: remote server http://a:8000",
+                                                                DiagnosticStatus.OK, "http://a:8000", "up")
+    assert _values(up)["open streams"] == "3" and _values(up)["up"] == "True"
+    assert down.level == DiagnosticStatus.ERROR and "ConnectError: refused" in down.message
+    assert down.message.startswith(f"down since {time.strftime('%Y-%m-%dT%H:%M', time.localtime(down_since))}")
+    assert 29 <= int(_values(down)["down for (s)"]) <= 40
+
+
+def test_a_remote_server_is_down_since_its_first_failure_until_a_probe_answers() -> None:
+    server = RemoteServer("http://a:8000/v1")
+    server.failed("ConnectError", 1.0)
+    first = server.down_since
+    assert first is not None and abs(first - time.time()) < 5.0
+    server.failed("ReadError", 2.0)
+    server.probed(False, 3.0)
+    assert server.down_since == first and server.down == "ReadError"
+    server.probed(True, 4.0)
+    assert server.down is None and server.down_since is None
 
 
 @pytest.mark.parametrize(("change", "level", "says"), [

@@ -56,6 +56,7 @@ def test_a_json_object_in_a_ros_string_parameter_reaches_vllm_as_a_mapping() -> 
         "compilation_config": {"mode": 0}, "dtype": "half"}
 
 
+@pytest.mark.needs_vllm
 def test_unknown_forced_and_renamed_fields_are_refused_naming_the_field() -> None:
     with pytest.raises(EngineArgsError, match=r"^vllm\.no_such_field: vLLM has no engine argument") as unknown:
         check_fields({"dtype": "half", "no_such_field": 1})
@@ -72,6 +73,7 @@ def test_unknown_forced_and_renamed_fields_are_refused_naming_the_field() -> Non
     check_fields({"max_model_len": 1024, "dtype": "half", "tensor_parallel_size": 2, "quantization": "awq"})
 
 
+@pytest.mark.needs_vllm
 def test_max_num_seqs_is_refused_naming_the_batch_cap_setting() -> None:
     """vLLM's max_num_seqs follows the one batch cap, max_batch (plus slots for paused generations)."""
     with pytest.raises(EngineArgsError) as refused:
@@ -80,6 +82,7 @@ def test_max_num_seqs_is_refused_naming_the_batch_cap_setting() -> None:
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.needs_vllm
 @pytest.mark.parametrize("given,named", [
     ({"max_num_batched_tokens": -1}, "max_num_batched_tokens"),
     ({"dtype": "float17"}, "dtype"),
@@ -96,6 +99,7 @@ def test_a_value_vllm_refuses_is_one_line_with_vllms_reason(given: dict, named: 
     assert message.count(named) >= 2, message  # what was given, and vLLM's own reason
 
 
+@pytest.mark.needs_vllm
 def test_the_shipped_defaults_are_the_params_files() -> None:
     import yaml
 
@@ -156,6 +160,7 @@ PLAN = ["plan", "--robot", "tello", "--task", "fly up"]
 VLLM_BENCH = ["bench", "--engine", "vllm", "--workload", "WID1", "--policy", "vllm"]
 
 
+@pytest.mark.needs_vllm
 @pytest.mark.parametrize("argv,needles", [
     ([*PLAN, "--vllm-arg", "no_such_field=1"], ["timely-llm plan: error: --vllm-arg: no_such_field: vLLM has no"]),
     ([*PLAN, "--vllm-arg", "max_num_seqs"], ["--vllm-arg", "KEY=VALUE"]),

@@ -137,6 +137,20 @@ class KvView:
     """What ``Engine.blocks_to_start`` will say."""
 
 
+@dataclass(frozen=True)
+class ServerHealth:
+    """One server an engine serves through (``Engine.servers``), as the node's diagnostics show it."""
+
+    url: str
+    down: str | None
+    """Why it is taken out; None while it answers."""
+    down_since: float | None
+    """Since when (wall clock, ``time.time()``) it has been down; None while it answers."""
+    open_streams: int
+    """Generations streaming from it now."""
+    model: str = ""
+
+
 class Engine(ABC):
     tokenizer: Tokenizer
     block_size: int
@@ -192,6 +206,10 @@ class Engine(ABC):
         tell count the whole context.
         """
         return self.blocks_for(len(token_ids))
+
+    def servers(self) -> list[ServerHealth]:
+        """The servers it serves through, each up or down (none for an engine in this process)."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources."""

@@ -40,6 +40,9 @@ class EngineKind:
     """The parameter naming the model it serves."""
     loads: tuple[str, str] = ("", "")
     """How configure names what it loads: a word and the parameter after it (``at``, ``remote.url``)."""
+    open_parameters: bool = False
+    """Its own parameters are any field of its library's (vLLM's EngineArgs), checked when it loads; else only
+    those the node declares (``remote.url`` ...) exist, and another name under its prefix fails configure."""
     simulated: bool = False
     """Replays recorded plans on a simulated clock: goals need a ``trace_id``; its device is its hardware profile."""
 
@@ -85,7 +88,7 @@ def _sim(settings: EngineSettings) -> Engine:
 
 VLLM_ENGINE = EngineKind("vllm", "embedded vLLM on the installed build's device (GPU or CPU)",
                   "vllm installed (pinned in requirements); a model: model", _vllm, prefix=VLLM_PREFIX,
-                  loads=("model", "model"))
+                  loads=("model", "model"), open_parameters=True)
 REMOTE_ENGINE = EngineKind("remote", "OpenAI-compatible vLLM servers at remote.url",
                     "one or more reachable vllm serve servers: remote.url", _remote, prefix=REMOTE_PREFIX,
                     model_parameter=REMOTE_PREFIX + "model", loads=("at", REMOTE_PREFIX + "url"))

@@ -28,7 +28,16 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, ResumeInfo, StepOutput, Tokenizer
+from timely_llm.engines.base import (
+    Engine,
+    EngineRejected,
+    GenerationSpec,
+    KvView,
+    ResumeInfo,
+    ServerHealth,
+    StepOutput,
+    Tokenizer,
+)
 from timely_llm.engines.remote_servers import (
     Chunk,
     RemoteServer,
@@ -135,6 +144,10 @@ class RemoteEngine(Engine):
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def servers(self) -> list[ServerHealth]:
+        return [ServerHealth(s.url, s.down, s.down_since, s.open, s.served.model if s.served else "")
+                for s in self._servers]
 
     def server_of(self, gen_id: str) -> str:
         """The URL of the server ``gen_id`` runs on (and its KV is on)."""

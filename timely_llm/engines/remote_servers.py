@@ -60,7 +60,9 @@ class RemoteServer:
         self.open = 0
         """Streams open on it now."""
         self.down: str | None = None
-        """Why it is taken out (None while it answers)."""
+        """Why it is taken out (None while it answers) ..."""
+        self.down_since: float | None = None
+        """... and since when (wall clock, for the node's diagnostics)."""
         self._backoff = PROBE_FIRST_S
         self.next_probe = 0.0
 
@@ -95,12 +97,13 @@ class RemoteServer:
         """Take the server out until a probe finds it answering again."""
         if self.down is None:
             self._backoff = PROBE_FIRST_S
+            self.down_since = time.time()
         self.down = cause
         self.next_probe = now + self._backoff
 
     def probed(self, answered: bool, now: float) -> None:
         if answered:
-            self.down = None
+            self.down = self.down_since = None
             return
         self._backoff = min(2 * self._backoff, PROBE_MAX_S)
         self.next_probe = now + self._backoff

@@ -21,7 +21,12 @@ from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.fleet_file import Fleet, load_fleet, open_fleet
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.goals import GoalRules
-from timely_llm.ros.parameters import foreign_engine_parameters, foreign_engine_refusal
+from timely_llm.ros.parameters import (
+    foreign_engine_parameters,
+    foreign_engine_refusal,
+    unknown_parameters,
+    unknown_refusal,
+)
 from timely_llm.ros.server_loop import ServerLoop
 from timely_llm.ros.server_node import ServerNode
 from timely_llm.server import Server
@@ -127,6 +132,7 @@ class EngineLoader:
         except ValueError as exc:
             raise ValueError(f"parameter policy {exc}") from None
         engine_kind(self._param("engine"))
+        self._check_known_parameters()
         self._check_engine_parameters()
         self._catalog = load_catalog()
         files = [f for f in self._node.get_parameter_or("skill_models", Parameter("", value=[])).value if f]
@@ -141,6 +147,14 @@ class EngineLoader:
         for trace in self._catalog.traces.values():  # plans' tokens first, before any task text (see SimTokenizer)
             engine.tokenizer.encode(trace.plan)
         return server
+
+    def _check_known_parameters(self) -> None:
+        """ValueError naming the parameters given (params file, ``-p``, launch) that the node does not take: rclpy
+        declares whatever it is given, so a misspelt name would otherwise be ignored silently."""
+        given, known = self._node.parameters_by_prefix(""), self._node.defaults
+        unknown = unknown_parameters(given, known)
+        if unknown:
+            raise ValueError(unknown_refusal(unknown, known))
 
     def _check_engine_parameters(self) -> None:
         """ValueError naming the parameters of another engine than this node's, set to other than their default."""

@@ -217,12 +217,14 @@ class GoalDesk:
             segment=SegmentMsg(request_id="", agent_id=request.agent), infeasible=True))
 
     def on_finish(self, request: Request) -> None:
+        outcome: Outcome | None = None
         try:
             outcome = Outcome.of(request)
             result, utility = result_message(outcome), outcome.utility
         except Exception as exc:  # noqa: BLE001 - the goal must still get a result
             result, utility = aborted_result(f"internal error: {exc!r}"), None
         self._ledger.finished_one(request.id, request.category, utility)
+        self._ledger.served.record(request.robot.robot, outcome)
         self._post(request.id, result)
 
     def _ros_time(self, t: float):  # noqa: ANN202 - builtin_interfaces Time

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.reports import Executed, Instant, ReportBook
+from timely_llm.ros.served import ServedStats
 
 if TYPE_CHECKING:
     from rclpy.action.server import ServerGoalHandle
@@ -46,6 +47,8 @@ class Ledger:
         self._totals: dict[str, CategoryTotals] = collections.defaultdict(CategoryTotals)
         self.finished = 0
         self._in_flight: collections.Counter[str] = collections.Counter()  # agent -> its requests open
+        self.served = ServedStats()
+        """Per robot type, for /diagnostics (a lock of its own)."""
 
     def reset_reports(self, factor: float, margin: float) -> None:
         """A fresh report book (at configure) with the watchdog's timeouts: swapped whole, no lock needed."""

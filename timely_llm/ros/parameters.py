@@ -13,12 +13,13 @@ Three kinds, by name:
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.parameter import Parameter
 
-from timely_llm.engines.registry import ENGINE_PREFIXES
+from timely_llm.engines.registry import ENGINE_PREFIXES, ENGINES
 
 READ_ONLY = frozenset({"autostart", "result_timeout"})
 LIVE = frozenset({"policy", "max_task_chars", "max_prompt_tokens", "max_new_tokens", "segment_timeout_factor",
@@ -27,6 +28,13 @@ LIVE_PREFIXES = ("tuf.",)
 CONFIGURE_TIME_PREFIXES = tuple(ENGINE_PREFIXES.values())
 """Each engine's own parameters (``engines/registry.py``), by name prefix: configure-time (the engine is built at
 configure), and refused at configure on a node whose engine is another (``foreign_engine_parameters``)."""
+
+ROS_OWN = frozenset({"use_sim_time", "start_type_description_service"})
+"""Parameters rclpy declares on every node (Jazzy; Humble has only ``use_sim_time``) ..."""
+ROS_OWN_PREFIXES = ("qos_overrides.",)
+"""... and the families it reads by prefix (QoS overrides of publishers and subscriptions)."""
+OPEN_PREFIXES = tuple(kind.prefix for kind in ENGINES.values() if kind.open_parameters)
+"""Families whose fields are a library's (``vllm.<EngineArgs field>``): that engine checks them when it loads."""
 
 _FLOAT_RANGES = {
     "kv_cache_gib": (0.01, 4096.0),
@@ -103,3 +111,24 @@ def foreign_engine_refusal(engine: str, names: list[str]) -> str:
                 f"or set engine to {owners[names[0]]}")
     listed = ", ".join(f"{name} (engine {owners[name]})" for name in names)
     return f"parameters {listed} are for other engines than this node's, {engine}: remove them or set the engine"
+
+
+def unknown_parameters(given: Iterable[str], known: Iterable[str]) -> list[str]:
+    """The names in ``given`` that the node does not take: not one of its own (``known``: the defaults' names),
+    not rclpy's, and not under an open engine family's prefix. ``remote.urll`` and ``tuf.urgent.ert2`` are
+    unknown fields of known families."""
+    names = set(known)
+    return sorted(name for name in given if name not in names and name not in ROS_OWN
+                  and not name.startswith(ROS_OWN_PREFIXES + OPEN_PREFIXES))
+
+
+def unknown_refusal(names: list[str], known: Iterable[str]) -> str:
+    """One line: configure refuses the unknown parameters ``names``, the nearest known name suggested for each."""
+    candidates = sorted(set(known) | ROS_OWN)
+    described = []
+    for name in names:
+        near = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+        described.append(f"{name} (did you mean {near[0]}?)" if near else name)
+    what = "parameter" if len(names) == 1 else "parameters"
+    return (f"unknown {what} {', '.join(described)}: not a parameter of this node (ros2 param list; "
+            "docs/node.md, Parameters); remove it or fix its name")

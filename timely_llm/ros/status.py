@@ -1,4 +1,5 @@
-"""The node's ``status`` topic (ServerStatus, every ``status_period``) and ``/diagnostics`` (every second)."""
+"""The node's ``status`` topic (ServerStatus, every ``status_period``) and ``/diagnostics`` (every second, with a
+throttled WARN log line while urgent goals miss their deadlines)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from timely_llm_interfaces.qos import SERVER_STATUS_QOS
 
 from timely_llm.engines.registry import engine_kind
-from timely_llm.ros.diagnostics import Snapshot, diagnostic_array
+from timely_llm.ros.diagnostics import Snapshot, diagnostic_array, urgent_warning
 from timely_llm.ros.goal_desk import GoalDesk
 from timely_llm.ros.interfaces import CategoryStatus, ServerStatus
 from timely_llm.ros.ledger import Ledger
@@ -16,6 +17,8 @@ from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.server import Server
 
 DIAGNOSTICS_PERIOD_S = 1.0
+MISS_LOG_PERIOD_S = 10.0
+"""While urgent goals miss their deadlines, the node logs so at WARN at most this often."""
 
 
 class StatusReporter:
@@ -55,7 +58,10 @@ class StatusReporter:
                                                   for category, count, mean in totals]))
 
     def _publish_diagnostics(self) -> None:
-        self._diagnostics_pub.publish(diagnostic_array(self.snapshot(), self._node.get_clock().now().to_msg()))
+        snap = self.snapshot()
+        self._diagnostics_pub.publish(diagnostic_array(snap, self._node.get_clock().now().to_msg()))
+        if snap.urgent_misses:
+            self._node.get_logger().warning(urgent_warning(snap), throttle_duration_sec=MISS_LOG_PERIOD_S)
 
     def snapshot(self) -> Snapshot:
         node = self._node
@@ -70,6 +76,8 @@ class StatusReporter:
         with server.lock:  # one instant: the server's lock is reentrant
             view = server.view()
             snap.kv_free_blocks, snap.kv_blocks = server.engine.free_kv_blocks(), self._kv_blocks
+            snap.servers = server.engine.servers()
+        snap.robot_types = self._ledger.served.lines(list(server.robots))
         snap.queue, snap.running, snap.policy, snap.batch_cap = (view.counts.queued, view.counts.running, view.policy,
                                                                  view.batch_cap)
         snap.executing = self._ledger.executing()
