@@ -116,9 +116,8 @@ class GoalDesk:
 
     def _check_quota(self, agent: str) -> None:
         """RequestRejected if the agent is over its quota of requests in flight or its rate (then takes a token)."""
-        entry = self.rules.fleet.entry(agent) if self.rules is not None else None
-        refused = self._quotas.refusal(agent, entry.quotas) if entry is not None else None
-        if refused:
+        entry = self._rules().fleet.entry(agent)
+        if entry is not None and (refused := self._quotas.refusal(agent, entry.quotas)):
             raise RequestRejected(refused)
 
     def _rules(self) -> GoalRules:
@@ -236,9 +235,8 @@ class GoalDesk:
         self._outbox.append((request_id, item))
         self._outbox_ready.trigger()
 
-    # ----- delivery (executor, goals' callback group) -----
-
     def _drain_outbox(self) -> None:
+        """Delivery, on the executor in the goals' callback group."""
         while self._outbox:
             request_id, item = self._outbox.popleft()
             try:
