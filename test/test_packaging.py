@@ -224,7 +224,8 @@ class Workspace:
 
 def test_workspace_command_refuses_an_unknown_package(tmp_path: Path) -> None:
     made = subprocess.run(["bash", str(REPO / "scripts" / "workspace.sh"), str(tmp_path / "ws")],
-                          env={**os.environ, "PACKAGES": "timely_llm_robot no_such_pkg"}, capture_output=True, text=True)
+                          env={**os.environ, "PACKAGES": "timely_llm_robot no_such_pkg"}, capture_output=True,
+                          text=True)
     assert made.returncode == 2 and "unknown package no_such_pkg" in made.stderr
 
 

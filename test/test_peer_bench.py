@@ -217,8 +217,8 @@ def test_saved_runs_print_the_machines_load_and_refuse_a_verdict_when_it_differs
 @pytest.mark.parametrize("given", [None, 64])
 def test_both_sides_get_the_embedded_engines_block_size_unless_one_is_given(tmp_path, given) -> None:
     from timely_llm.cli import build_parser
-    from timely_llm_bench.cli.engine import _peer_bench_of
     from timely_llm.engines.vllm_engine import CPU_BLOCK_SIZE, default_block_size
+    from timely_llm_bench.cli.engine import _peer_bench_of
 
     assert default_block_size() == CPU_BLOCK_SIZE  # this suite runs on vLLM's CPU build
     argv = ["peer-bench", "--out", str(tmp_path / "peer.json")] + (["--block-size", str(given)] if given else [])
