@@ -193,5 +193,9 @@ class Engine(ABC):
         """
         return self.blocks_for(len(token_ids))
 
+    def reset_cache(self) -> None:  # noqa: B027 - optional hook
+        """Forget what finished requests left cached (prefix cache), so the next requests find the engine as a
+        fresh one (with no generation of its own) would be: an engine kept across nodes (``EngineKeeper``)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources."""

@@ -4,6 +4,7 @@ the engine released in another thread once the server loop has stopped."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from timely_llm.core.features import Features
 from timely_llm.core.policies import serving_policy
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import Engine
+from timely_llm.engines.keeper import EngineKeeper
 from timely_llm.engines.vllm_args import engine_args, from_parameters
 from timely_llm.models.hub import check_if_hub_id
 from timely_llm.plan.robot_file import load_skill_models
@@ -34,10 +36,13 @@ LOAD_POLL_S = 0.1
 
 
 class EngineLoader:
-    """Builds the server from the node's parameters (``load``) and releases it (``release_later``)."""
+    """Builds the server from the node's parameters (``load``) and releases it (``release_later``). With a
+    ``keeper`` the engine is taken from it and handed back to it, not loaded and closed."""
 
-    def __init__(self, node: object, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
+    def __init__(self, node: object, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event,
+                 keeper: EngineKeeper | None = None) -> None:
         self._node, self._clock, self._desk, self._shutting_down = node, clock, desk, shutting_down
+        self._keeper = keeper
         self._param = node.param
         self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor
 
@@ -62,7 +67,7 @@ class EngineLoader:
             except concurrent.futures.TimeoutError:
                 pass
             if self._shutting_down.is_set():
-                loading.add_done_callback(_close_loaded)
+                loading.add_done_callback(functools.partial(_close_loaded, self.dispose))
                 raise RuntimeError("shutdown requested while loading the engine")
             set_phase(phase := f"configuring: loading {what} ({time.monotonic() - began:.0f} s)")
             if time.monotonic() >= next_log:
@@ -93,8 +98,15 @@ class EngineLoader:
         if previous is not None:
             previous.join()
         loop.join()
-        server.engine.close()
-        self._node.get_logger().info("engine released")
+        self.dispose(server.engine)
+        self._node.get_logger().info("engine released" + (" (kept for the next node)" if self._keeper else ""))
+
+    def dispose(self, engine: Engine) -> None:
+        """Close ``engine``, or hand it back to the keeper."""
+        if self._keeper is not None:
+            self._keeper.give_back(engine)
+        else:
+            engine.close()
 
     def _build(self, loading: concurrent.futures.Future) -> None:
         """Loader thread: the previous engine released first, then the new server and its goal rules."""
@@ -104,7 +116,7 @@ class EngineLoader:
             try:
                 loading.set_result((server, self.goal_rules(server)))
             except BaseException:
-                server.engine.close()
+                self.dispose(server.engine)
                 raise
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting configure
             if not loading.done():
@@ -154,15 +166,30 @@ class EngineLoader:
                                                 "(write one with timely-llm profile)")
 
     def _make_engine(self, config: ServerConfig) -> Engine:
+        """The engine the parameters describe: a new one, or the keeper's where it has one of those parameters."""
         if self._param("engine") == "vllm":
-            check_if_hub_id(self._param("model"))  # before vLLM's import: an unreachable Hub fails in seconds
-            from timely_llm.engines.vllm_engine import VllmEngine
-
             vllm = self._node.get_parameters_by_prefix("vllm")
             given = from_parameters({n: p.value for n, p in vllm.items()})
             set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
-            return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
-                              max_batch=config.max_batch, **engine_args(given, set_by_policy))
+            args = engine_args(given, set_by_policy)
+            key = ("vllm", self._param("model"), self._param("kv_cache_gib"), config.max_batch,
+                   repr(sorted(args.items())))
+            make = functools.partial(self._vllm_engine, config, args)
+        else:
+            remote = self._node.get_parameters_by_prefix("remote")
+            key = (self._param("engine"), self._param("hw_profile"),
+                   repr(sorted((n, p.value) for n, p in remote.items())))
+            make = self._other_engine
+        return self._keeper.take(key, make) if self._keeper is not None else make()
+
+    def _vllm_engine(self, config: ServerConfig, args: dict) -> Engine:
+        check_if_hub_id(self._param("model"))  # before vLLM's import: an unreachable Hub fails in seconds
+        from timely_llm.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(self._param("model") or None, kv_cache_gib=self._param("kv_cache_gib"),
+                          max_batch=config.max_batch, **args)
+
+    def _other_engine(self) -> Engine:
         if self._param("engine") == "remote":
             from timely_llm.engines.remote import RemoteEngine
             from timely_llm.engines.remote_settings import PREFIX, RemoteSettings
@@ -182,7 +209,7 @@ def default_tufs(param: Callable[[str], object]) -> dict[str, TUF]:
     return {c: TUF(*(param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta"))) for c in CATEGORIES}
 
 
-def _close_loaded(loading: concurrent.futures.Future) -> None:
-    """A loader's server nobody waits for any more: its engine is closed."""
+def _close_loaded(dispose: Callable[[Engine], None], loading: concurrent.futures.Future) -> None:
+    """A loader's server nobody waits for any more: its engine is closed (or handed back)."""
     if not loading.cancelled() and loading.exception() is None:
-        loading.result()[0].engine.close()
+        dispose(loading.result()[0].engine)

@@ -24,6 +24,7 @@ from timely_llm_interfaces.rclpy_compat import spinning
 
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
+from timely_llm.engines.keeper import EngineKeeper
 from timely_llm.errors import RunIncomplete
 from timely_llm.plan.skills import SkillModel
 from timely_llm.ros.messages import optional_seconds
@@ -52,11 +53,11 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 
 @contextmanager
 def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = "sim",
-                **params: object) -> Iterator:
+                engines: EngineKeeper | None = None, **params: object) -> Iterator:
     """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``; active unless ``autostart``
     is false (NodeStartError if its autostart fails). Its ``engine`` is sim unless given: what replays workloads'
-    LRTrace plans."""
-    node = TimelyLlmNode(context=context, namespace=namespace,
+    LRTrace plans; with ``engines`` it takes the engine from that keeper and gives it back when it ends."""
+    node = TimelyLlmNode(engines=engines, context=context, namespace=namespace,
                          parameter_overrides=[Parameter(k, value=v) for k, v in {"engine": engine, **params}.items()])
     executor.add_node(node)
     try:
@@ -83,7 +84,8 @@ def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
               context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
               progress: Callable[[int], None] | None = None, generate: bool = False,
-              max_new_tokens: int = 0, interface: str = "action", grace_s: float = RESULT_GRACE_S) -> list[dict]:
+              max_new_tokens: int = 0, interface: str = "action", grace_s: float = RESULT_GRACE_S,
+              sent: list | None = None) -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
     ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
@@ -91,6 +93,7 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     request carries its trace's task text but no trace id, so the node generates the plan (at
     most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one. Robots ask over
     ``interface``: the ``request_plan`` action or the ``task_requests`` topic, as :func:`ros_agent_id` of their names.
+    ``sent``: a list each (request, TaskOutcome) is appended to as it is sent (for :func:`waiting_for`).
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
@@ -100,7 +103,8 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     try:
         if not link.wait_for_server():
             raise RuntimeError(f"no timely_llm_server answers on the {interface} interface")
-        start, sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
+        sent = [] if sent is None else sent
+        start = _replay(workload, catalog, robots, _counter(progress), sent, generate, max_new_tokens)
         return [_record(req, outcome, catalog, start) for req, outcome in _ended(sent, grace_s)]
     finally:
         for robot in robots.values():
@@ -136,10 +140,10 @@ def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[st
 
 
 def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient],
-            on_end: Callable[[object], None], generate: bool = False, max_new_tokens: int = 0) -> tuple[float, list]:
-    """Send every request at its arrival; the monotonic time arrivals count from, and (request, outcome) pairs."""
+            on_end: Callable[[object], None], sent: list, generate: bool = False, max_new_tokens: int = 0) -> float:
+    """Send every request at its arrival, appending (request, outcome) to ``sent``; the monotonic time arrivals
+    count from."""
     start = time.monotonic()
-    sent = []
     for r in workload.requests:
         time.sleep(max(0.0, start + r.arrival - time.monotonic()))
         trace = catalog[r.trace]
@@ -147,7 +151,35 @@ def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotCl
                                           max_new_tokens=max_new_tokens, label=r.id, overrun_strategy=r.overrun)
         outcome.finished.add_done_callback(on_end)
         sent.append((r, outcome))
-    return start, sent
+    return start
+
+
+WAITING_SHOWN = 3
+"""A progress line names at most this many open requests."""
+
+
+def waiting_for(sent: list) -> str:
+    """What the open requests among ``sent`` ((request, TaskOutcome) pairs) wait for, e.g. "drone-03 (generating
+    its first segment), drone-05 (robot executing segment 2 of 2 received)"; "" when none is open."""
+    open_ = [(request, outcome) for request, outcome in list(sent) if not outcome.finished.done()]
+    named = [f"{request.agent} ({_stage(outcome)})" for request, outcome in open_[:WAITING_SHOWN]]
+    more = f" and {len(open_) - WAITING_SHOWN} more" if len(open_) > WAITING_SHOWN else ""
+    return ", ".join(named) + more
+
+
+def _stage(outcome: TaskOutcome) -> str:
+    """Where one open request is: at the node, generating, at the robot, or its result on the way."""
+    received, executed = len(outcome.segments), outcome.executed
+    if not outcome.accepted:
+        return "the node has not accepted it yet"
+    if not received:
+        return "its plan: generating the first segment"
+    final = outcome.segments[-1].final
+    if executed < received:
+        return f"robot executing segment {executed + 1} of {received}{'' if final else ' received so far'}"
+    if not final:
+        return f"its plan: generating segment {received + 1} (robot done with {executed})"
+    return "its result: the robot executed the whole plan"
 
 
 def _counter(progress: Callable[[int], None] | None) -> Callable[[object], None]:
