@@ -43,6 +43,7 @@ class EngineLoader:
                  keeper: EngineKeeper | None = None) -> None:
         self._node, self._clock, self._desk, self._shutting_down = node, clock, desk, shutting_down
         self._keeper = keeper
+        self._loaded_engine: Engine | None = None  # the last engine this loader made itself (not the keeper's)
         self._param = node.param
         self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor
 
@@ -73,7 +74,9 @@ class EngineLoader:
             if time.monotonic() >= next_log:
                 log.info(f"{phase} ...")
                 next_log += LOAD_PROGRESS_S
-        log.info(f"{what} loaded in {time.monotonic() - began:.1f} s")
+        kept = self._keeper is not None and server.engine is not self._loaded_engine
+        log.info(f"{what} {'taken from the keeper (loaded before), server built' if kept else 'loaded'} in "
+                 f"{time.monotonic() - began:.1f} s")
         return server, rules
 
     def release_later(self, server: Server, loop: ServerLoop) -> None:
@@ -180,7 +183,12 @@ class EngineLoader:
             key = (self._param("engine"), self._param("hw_profile"),
                    repr(sorted((n, p.value) for n, p in remote.items())))
             make = self._other_engine
-        return self._keeper.take(key, make) if self._keeper is not None else make()
+        return self._keeper.take(key, functools.partial(self._made, make)) if self._keeper is not None else make()
+
+    def _made(self, make: Callable[[], Engine]) -> Engine:
+        """``make()``, remembered as loaded by this loader (so its log can tell a kept engine from a new one)."""
+        self._loaded_engine = make()
+        return self._loaded_engine
 
     def _vllm_engine(self, config: ServerConfig, args: dict) -> Engine:
         check_if_hub_id(self._param("model"))  # before vLLM's import: an unreachable Hub fails in seconds

@@ -50,7 +50,16 @@ estimated at ~0 s."""
 
 
 DEMO_GENERATED_SECONDS = 20.0
-"""The demo on the real model replays the first 20 s of the workload: the CPU generates ~17 tokens/s."""
+"""The light demo on the real model replays the first 20 s of the workload: the CPU generates ~17 tokens/s."""
+
+
+DEMO_BURST_SECONDS = 1.0
+"""The bursty demo with plans generated: the requests of the first burst only (14 drone tasks, 4 of them urgent,
+with seed 0), more than the batch cap of 8 admits at once; a 2-core CPU serves one burst in about a minute."""
+
+
+DEMO_LEAD_S = 1.0
+"""At the bursty point the first request arrives this long after the robots are up (not the workload's 8 s)."""
 
 
 DEMO_PLAN_TOKENS = 48
@@ -126,10 +135,11 @@ DEMO_POLICIES = ("timelyllm", "vllm-stream", "vllm")
 
 
 DEMO_POINTS = {
+    "bursty": "drone tasks in bursts of up to 16 (106 in 60 s; with --engine vllm generating plans, the first burst "
+              "only: 14, 4 urgent), the batch capped at 8 (--max-batch): slots are scarce and the scheduler decides "
+              "who gets them",
     "light": "WID1 (or --workload), the shipped batch cap (max_batch): the engine keeps up and the streaming policies "
              "are level",
-    "bursty": "106 drone tasks in 60 s in bursts of up to 16, the batch capped at 8 (--max-batch): slots are "
-              "scarce and the scheduler decides who gets them",
 }
 
 
@@ -151,12 +161,14 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
                      "once per policy, one policy after the other; print each policy's results, how busy the "
                      "machine was during each run (the CPU other processes took) and, where the runs saw "
                      "comparable machines, how the first policy fared against each other one.")
-    _add_replay_args(p, duration_default=f"{DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, "
-                                         "else 60; --point bursty: all its 60 s")
+    _add_replay_args(p, duration_default=f"--point light: {DEMO_GENERATED_SECONDS:.0f} with --engine vllm "
+                                         "generating plans, else 60; --point bursty: from its first arrival, "
+                                         f"{DEMO_BURST_SECONDS:.0f} (its first burst) with --engine vllm generating "
+                                         "plans, else all")
     p.set_defaults(duration=None, workload=None)
     _add_robot_args(p, tello_sim=True)
-    p.add_argument("--point", choices=tuple(DEMO_POINTS), default="light",
-                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items()) + " (default light)")
+    p.add_argument("--point", choices=tuple(DEMO_POINTS), default="bursty",
+                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items()) + " (default bursty)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="vllm" if importlib.util.find_spec("vllm") else "sim",
                    help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
                         "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
@@ -188,17 +200,28 @@ def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload
     from timely_llm_bench.robots.fleet import cut
     from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
 
+    generate = args.engine == "vllm" and not args.replay
     if args.point == "bursty":
         if args.workload is not None:
             raise ConfigError("--workload", None, "the bursty point has its own workload: give one or the other")
         skills, catalog, _ = _load_inputs(argparse.Namespace(**{**vars(args), "workload": "WID1"}))
-        workload = cut(generate_peer(PEER_WORKLOADS["bursty"], catalog, args.seed), args.duration)
-        return skills, catalog, workload, args.max_batch or BURSTY_MAX_BATCH
+        workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, args.seed)
+        duration = args.duration or (DEMO_BURST_SECONDS if generate else None)
+        return skills, catalog, _from_first_arrival(workload, duration), args.max_batch or BURSTY_MAX_BATCH
     args.workload = args.workload or "WID1"
     skills, catalog, workload = _load_inputs(args)
-    generate = args.engine == "vllm" and not args.replay
     return skills, catalog, cut(workload, args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)), \
         args.max_batch or shipped_parameters()["max_batch"]
+
+
+def _from_first_arrival(workload: Workload, duration: float | None) -> Workload:
+    """The requests arriving within ``duration`` s of the first (all if None), the first at ``DEMO_LEAD_S``."""
+    import dataclasses
+
+    first = min((r.arrival for r in workload.requests), default=0.0)
+    kept = [r for r in workload.requests if duration is None or r.arrival < first + duration]
+    return dataclasses.replace(workload, requests=tuple(
+        dataclasses.replace(r, arrival=round(r.arrival - first + DEMO_LEAD_S, 6)) for r in kept))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -213,8 +236,8 @@ def _demo(args: argparse.Namespace) -> int:
     arrivals = max((r.arrival for r in workload.requests), default=0.0)
     urgent = sum(catalog[r.trace].category == "urgent" for r in workload.requests)
     print(f"{len(workload.requests)} requests ({urgent} urgent) of {workload.name} over ROS 2, {args.engine} engine, "
-          f"{source}, batch cap {max_batch}; each policy replays them in real time ({arrivals:.0f} s of "
-          f"arrivals); {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+          f"{source}, batch cap {max_batch}; each policy replays them in real time (the last arrives at "
+          f"{arrivals:.1f} s); {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     with terminal_and_log(Path(args.log), ("vllm",) if args.engine == "vllm" else ()):
         print(f"third-party output (vLLM, progress bars, the node's ROS log) goes to {args.log}", flush=True)
         records, loads = _demo_runs(args, workload, catalog, skills, node_params, generate)
@@ -281,7 +304,7 @@ def _demo_run(args: argparse.Namespace, workload: Workload, catalog: TraceCatalo
             print(f"{label}: engine loaded in {keeper.loads[-1]:.0f} s (kept for the other runs)", flush=True)
         got = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
                         generate=generate, max_new_tokens=args.max_new_tokens if generate else 0,
-                        interface=args.interface, sent=sent)
+                        interface=args.interface, sent=sent, partial=True)
     print(f"{label}: {sum(r['status'] == 'succeeded' for r in got)} of {len(got)} requests succeeded; "
           + (meter.load.describe() if meter.load else "machine load not measured (no /proc)"), flush=True)
     return got, meter.load

@@ -8,6 +8,7 @@ replay against the node on the sim engine is comparable with ``timely-llm bench`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -37,6 +38,8 @@ from timely_llm_robot.client import PlanLink, RobotClient, SegmentRunner, TaskOu
 from timely_llm_robot.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 
 RESULT_GRACE_S = 120.0
+NOT_ENDED = "not ended"
+"""A partial run's status for a request with no result yet."""
 
 
 @contextmanager
@@ -85,7 +88,7 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
               context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
               progress: Callable[[int], None] | None = None, generate: bool = False,
               max_new_tokens: int = 0, interface: str = "action", grace_s: float = RESULT_GRACE_S,
-              sent: list | None = None) -> list[dict]:
+              sent: list | None = None, partial: bool = False) -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
     ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
@@ -93,7 +96,9 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     request carries its trace's task text but no trace id, so the node generates the plan (at
     most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one. Robots ask over
     ``interface``: the ``request_plan`` action or the ``task_requests`` topic, as :func:`ros_agent_id` of their names.
-    ``sent``: a list each (request, TaskOutcome) is appended to as it is sent (for :func:`waiting_for`).
+    ``sent``: a list each (request, TaskOutcome) is appended to as it is sent (for :func:`waiting_for`). A request
+    still open ``grace_s`` after the last arrival raises RunIncomplete, or with ``partial`` is recorded with status
+    ``not ended``.
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
@@ -105,6 +110,9 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
             raise RuntimeError(f"no timely_llm_server answers on the {interface} interface")
         sent = [] if sent is None else sent
         start = _replay(workload, catalog, robots, _counter(progress), sent, generate, max_new_tokens)
+        if partial:
+            _wait_all(sent, grace_s)
+            return [_record(req, outcome, catalog, start) for req, outcome in sent]
         return [_record(req, outcome, catalog, start) for req, outcome in _ended(sent, grace_s)]
     finally:
         for robot in robots.values():
@@ -123,6 +131,14 @@ def _ended(sent: list, grace_s: float) -> list:
         open_ = sum(not outcome.finished.done() for _, outcome in sent)
         raise RunIncomplete(f"{open_} of {len(sent)} requests had not ended {grace_s:.0f} s after the last arrival: "
                             "the node cannot keep up with this workload on this machine") from None
+
+
+def _wait_all(sent: list, grace_s: float) -> None:
+    """Until every sent request ended, or ``grace_s`` passed."""
+    deadline = time.monotonic() + grace_s
+    for _, outcome in sent:
+        with contextlib.suppress(TimeoutError):
+            outcome.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[str, SegmentRunner],
@@ -200,14 +216,18 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     """``timely-llm bench``'s record of a request (WorkloadRequest), from what its robot saw: times count from
     ``start`` (the replay's), except the node's response and waiting time. A shed request (aborted, reason
     INFEASIBLE_REASON) was told when its result came; the node's result gives the best response it could
-    still have had then."""
+    still have had then. A request not ended (a partial run) has the response its robot saw, if it got a segment."""
     result = outcome.result
     shed = outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
+    ended = outcome.finished.done()
     record = {"id": request.id, "agent": request.agent, "trace": request.trace,
               "category": catalog[request.trace].category, "arrival": request.arrival, "tuf": request.tuf.to_dict(),
-              "status": outcome.status, "reason": result.reason if result else "goal rejected",
+              "status": outcome.status if ended else NOT_ENDED,
+              "reason": result.reason if result else "goal rejected" if ended else f"no result: {_stage(outcome)}",
               "num_segments": len(outcome.segments)}
     response = optional_seconds(result.response_time) if result else None
+    if not ended and outcome.first_segment_at is not None:
+        response = outcome.first_segment_at - outcome.sent
     record["response_time"] = None if shed else response
     record["waiting_time"] = None if shed or not result else optional_seconds(result.waiting_time)
     record["utility"] = None if shed or not result or not math.isfinite(result.utility) else result.utility
