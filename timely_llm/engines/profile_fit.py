@@ -91,7 +91,7 @@ def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int,
     while min(produced.values()) == 0:  # the batch's prefill
         for gen, ids in engine.step().new_tokens.items():
             produced[gen] += len(ids)
-    samples = []
+    samples: list[Sample] = []
     for _ in range(decode_steps):
         out = engine.step()
         for gen, ids in out.new_tokens.items():

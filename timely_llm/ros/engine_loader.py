@@ -7,7 +7,7 @@ import concurrent.futures
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from rclpy.parameter import Parameter
 
@@ -170,6 +170,8 @@ class EngineLoader:
 
     def _make_engine(self, config: ServerConfig) -> Engine:
         """The engine the parameters describe: a new one, or the keeper's where it has one of those parameters."""
+        key: Hashable
+        make: Callable[[], Engine]
         if self._param("engine") == "vllm":
             vllm = self._node.get_parameters_by_prefix("vllm")
             given = from_parameters({n: p.value for n, p in vllm.items()})
