@@ -312,8 +312,8 @@ def _demo_run(args: argparse.Namespace, workload: Workload, catalog: TraceCatalo
 
 def _print_demo_results(args: argparse.Namespace, workload: Workload, records: dict[str, list[dict]],
                         loads: dict[str, list]) -> None:
-    """Each policy's summary, machine load and missed deadlines, then one verdict sentence per baseline (or why
-    there is none)."""
+    """Each policy's summary, machine load and missed deadlines, then one verdict sentence per baseline (after a
+    caution where the runs' machines differed too much to compare them fairly)."""
     from timely_llm_bench.evaluation.machine_load import combined, load_verdict, verdict_lines
     from timely_llm_bench.evaluation.verdict import deadline_lines, missed_deadlines, verdict_sentences
     from timely_llm_bench.robots.fleet import fleet_result
@@ -331,11 +331,11 @@ def _print_demo_results(args: argparse.Namespace, workload: Workload, records: d
             print(line)
     print()
     refusal = load_verdict(machine)
-    if refusal:
-        print(refusal)
-        return
-    for line in verdict_lines({p: r["summary"] for p, r in results.items()}, machine):
-        print(line)
+    if refusal:  # the sentences still come, after the warning that the machine may have decided them
+        print(refusal.replace("no verdict: ", "caution, the runs saw unequal machines: ", 1))
+    else:
+        for line in verdict_lines({p: r["summary"] for p, r in results.items()}, machine):
+            print(line)
     met = {p: f"{len(r['requests']) - len(missed_deadlines(r['requests']))} of {len(r['requests'])}"
            for p, r in results.items()}
     print()
