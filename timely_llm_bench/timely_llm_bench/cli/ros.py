@@ -167,8 +167,9 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
                                          "plans, else all")
     p.set_defaults(duration=None, workload=None)
     _add_robot_args(p, tello_sim=True)
-    p.add_argument("--point", choices=tuple(DEMO_POINTS), default="bursty",
-                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items()) + " (default bursty)")
+    p.add_argument("--point", choices=tuple(DEMO_POINTS), default=None,
+                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items())
+                        + " (default bursty; light where --workload is given)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="vllm" if importlib.util.find_spec("vllm") else "sim",
                    help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
                         "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
@@ -201,6 +202,7 @@ def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload
     from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
 
     generate = args.engine == "vllm" and not args.replay
+    args.point = args.point or ("light" if args.workload is not None else "bursty")
     if args.point == "bursty":
         if args.workload is not None:
             raise ConfigError("--workload", None, "the bursty point has its own workload: give one or the other")
