@@ -107,3 +107,14 @@ def test_an_engine_that_cannot_reset_is_closed_not_lent_again() -> None:
         keeper.give_back(engine)
     assert engine.closes == 1
     assert keeper.take("a", _Engine) is not engine
+
+
+def test_a_baseline_cut_short_is_compared_on_the_first_actions_its_robots_saw() -> None:
+    from timely_llm_bench.evaluation.verdict import first_actions
+
+    mine = [_record("a", "urgent", 2.0), _record("b", "normal", 3.0)]
+    theirs = [_record("a", "urgent", 20.0), _record("b", "normal", None), _record("c", "normal", 30.0)]
+    (sentence,) = verdict_sentences({"timelyllm": first_actions(mine), "vllm-stream": first_actions(theirs)}, {}, "")
+    assert sentence == ("timelyllm: urgent robots got their first action 10.00x sooner than under vllm-stream "
+                        "(2.00 s vs 20.00 s); normal robots 10.00x sooner (3.00 s vs 30.00 s); under vllm-stream "
+                        "1 normal got no first action at all.")

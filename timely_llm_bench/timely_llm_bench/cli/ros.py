@@ -317,7 +317,12 @@ def _print_demo_results(args: argparse.Namespace, workload: Workload, records: d
     """Each policy's summary, machine load and missed deadlines, then one verdict sentence per baseline (after a
     caution where the runs' machines differed too much to compare them fairly)."""
     from timely_llm_bench.evaluation.machine_load import combined, load_verdict, verdict_lines
-    from timely_llm_bench.evaluation.verdict import deadline_lines, missed_deadlines, verdict_sentences
+    from timely_llm_bench.evaluation.verdict import (
+        deadline_lines,
+        first_actions,
+        missed_deadlines,
+        verdict_sentences,
+    )
     from timely_llm_bench.robots.fleet import fleet_result
 
     results = {policy: fleet_result(workload, records[policy], policy, args.seed) for policy in args.policies}
@@ -341,7 +346,8 @@ def _print_demo_results(args: argparse.Namespace, workload: Workload, records: d
     met = {p: f"{len(r['requests']) - len(missed_deadlines(r['requests']))} of {len(r['requests'])}"
            for p, r in results.items()}
     print()
-    for line in verdict_sentences({p: r["summary"] for p, r in results.items()}, met, DEMO_LEVEL[args.point]):
+    firsts = {p: first_actions(r["requests"]) for p, r in results.items()}
+    for line in verdict_sentences(firsts, met, DEMO_LEVEL[args.point]):
         print(line)
 
 

@@ -43,10 +43,21 @@ def deadline_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def first_actions(records: list[dict]) -> dict:
+    """Per category, as a summary's ``mean_response_time``: the mean first action over every request that got one,
+    whatever its end (a run cut short still counts what its robots saw); ``without`` counts those that got none."""
+    out: dict = {}
+    for record in records:
+        out.setdefault(record["category"], []).append(record["response_time"])
+    return {category: {"mean_response_time": (sum(got) / len(got)) if (got := [t for t in times if t is not None])
+                       else None, "without": sum(t is None for t in times)} for category, times in out.items()}
+
+
 def verdict_sentences(summaries: Mapping[str, dict], met: Mapping[str, str], level_reason: str) -> list[str]:
-    """One sentence per baseline: the first policy of ``summaries`` (per-category summaries by policy) against it,
-    per category the mean response (time to the first action) with the direction spelled out, and the deadlines
-    met (``met``: by policy, e.g. "5 of 7"); where every category is level, ``level_reason`` says why."""
+    """One sentence per baseline: the first policy of ``summaries`` (per-category ``first_actions`` or summaries, by
+    policy) against it, per category the mean response (time to the first action) with the direction spelled out,
+    and the deadlines met (``met``: by policy, e.g. "5 of 7"); where every category is level, ``level_reason``
+    says why."""
     first, *others = summaries
     return [_sentence(first, other, summaries[first], summaries[other], met, level_reason) for other in others]
 
@@ -55,8 +66,10 @@ def _sentence(first: str, other: str, mine: dict, theirs: dict, met: Mapping[str
     compared = [(category, a, b) for category in sorted(set(mine) & set(theirs) - {"all"}, key=_urgent_first)
                 if (a := mine[category]["mean_response_time"]) and (b := theirs[category]["mean_response_time"])]
     if not compared:
-        return f"{first} against {other}: no category had requests succeed under both to compare."
+        return f"{first} against {other}: no category had a first action under both to compare."
     deadlines = f"; deadlines met {met[first]} against {met[other]}" if first in met and other in met else ""
+    none = [f"{theirs[c]['without']} {c}" for c, _, _ in compared if theirs[c].get("without")]
+    without = f"; under {other} {' and '.join(none)} got no first action at all" if none else ""
     if all(_level(a, b) for _, a, b in compared):
         times = ", ".join(f"{category} {a:.2f} s vs {b:.2f} s" for category, a, b in compared)
         return (f"{first} and {other} are level (first action, mean: {times}){deadlines}; "
@@ -70,7 +83,7 @@ def _sentence(first: str, other: str, mine: dict, theirs: dict, met: Mapping[str
         else:
             how = f"{b / a:.2f}x sooner{than} {times}" if a < b else f"{a / b:.2f}x later{than} {times}"
         cells.append(f"{category} robots got their first action {how}" if i == 0 else f"{category} robots {how}")
-    return f"{first}: " + "; ".join(cells) + deadlines + "."
+    return f"{first}: " + "; ".join(cells) + without + deadlines + "."
 
 
 def _level(a: float, b: float) -> bool:
