@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: install what is needed (scripts/setup_env.sh), then run the node on the embedded
-# default engine with a simulated fleet for a minute of WID1, and compare with --policy vllm.
+# default engine (loaded once) with a simulated fleet sending a burst of 14 drone tasks, 4 urgent, against a
+# batch cap of 8, under timelyllm, vllm-stream and vllm; it ends with one verdict sentence per baseline.
+# Third-party output (vLLM, progress bars, the node's ROS log) goes to build/demo.log.
 # Extra arguments go to `timely-llm demo` (see `timely-llm demo --help`).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

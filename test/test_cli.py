@@ -87,7 +87,8 @@ ORIN = "jetson-orin-nx-16gb-llama32-3b-q4"
     (["demo", "--policies", "vllm", "vllm"], ["--policies", "given twice"]),
     (["demo", "--point", "bursty", "--workload", "WID2"], ["--workload", "bursty point"]),
     (["demo", "--rounds", "0"], ["--rounds"]),
-    (["demo", "--engine", "sim", "--duration", "0.5"], ["--duration", "no request of WID1 arrives"]),
+    (["demo", "--engine", "sim", "--point", "light", "--duration", "0.5"],
+     ["--duration", "no request of WID1 arrives"]),
     (["demo", "--workload", "/no/workload.json"], ["/no/workload.json"]),
     (["sweep", "--agents", "0", "--out", "{tmp}/s.json"], ["--agents"]),
     (["sweep", "--out", "/nonexistent_dir/s.json"], ["/nonexistent_dir"]),
@@ -206,7 +207,8 @@ def test_demo_help_gives_the_arrivals_each_engine_replays() -> None:
     from timely_llm_bench.cli.ros import DEMO_GENERATED_SECONDS
 
     duration = next(a for a in subcommands()["demo"]._actions if a.dest == "duration")
-    assert f"default {DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, else 60" in duration.help
+    assert f"--point light: {DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, else 60" in duration.help
+    assert "--point bursty: from its first arrival, 1 (its first burst) with --engine vllm" in duration.help
     policies = next(a for a in subcommands()["demo"]._actions if a.dest == "policies")
     assert policies.default == ["timelyllm", "vllm-stream", "vllm"]
 

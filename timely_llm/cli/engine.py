@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from timely_llm.cli.common import (
     DEFAULT_HW,
@@ -24,11 +23,14 @@ from timely_llm.cli.common import (
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
 
-if TYPE_CHECKING:
-    pass
-
-
 MIN_PROFILE_MODEL_LEN = 128
+
+
+PLAN_AT_TOKEN_CAP = 3
+"""``timely-llm plan``'s exit status for a plan the token cap cut: the model had not ended it."""
+PLAN_EXIT_STATUS = (f"exit status: 0 the model ended the plan; 1 the plan failed (the reason is printed); 2 a usage "
+                    f"error; {PLAN_AT_TOKEN_CAP} the plan was cut at its token cap (--max-new-tokens) before the "
+                    "model ended it, so it may stop short of the task (stderr says so in one line)")
 
 
 PROFILE_KV_GIB = 2.0
@@ -54,6 +56,7 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
                    help="print the exact prompt the model gets (for --task, or the robot's fixed part alone) "
                         "and exit without loading a model")
     _add_vllm_arg(p)
+    p.epilog = PLAN_EXIT_STATUS
     p.set_defaults(run=_plan)
 
 
@@ -85,13 +88,16 @@ def _plan(args: argparse.Namespace) -> int:
             engine.close()
     if plan.stopped_at_token_cap:
         print(f"the plan stopped at its token cap ({args.max_new_tokens} tokens; --max-new-tokens raises it): "
-              "the model had not ended it, so it may stop short of the task", file=sys.stderr)
+              f"the model had not ended it, so it may stop short of the task (exit status {PLAN_AT_TOKEN_CAP})",
+              file=sys.stderr)
     if plan.reason:
         print(f"{plan.status}: {plan.reason}", file=out)
     if args.json:
         print(json.dumps(plan.to_json()), file=out)
     out.close()
-    return 0 if plan.status == "succeeded" else 1
+    if plan.status != "succeeded":
+        return 1
+    return PLAN_AT_TOKEN_CAP if plan.stopped_at_token_cap else 0
 
 
 @contextlib.contextmanager

@@ -211,5 +211,9 @@ class Engine(ABC):
         """The servers it serves through, each up or down (none for an engine in this process)."""
         return []
 
+    def reset_cache(self) -> None:  # noqa: B027 - optional hook
+        """Forget what finished requests left cached (prefix cache), so the next requests find the engine as a
+        fresh one (with no generation of its own) would be: an engine kept across nodes (``EngineKeeper``)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources."""

@@ -121,6 +121,11 @@ class SimEngine(Engine):
         del self._running[gen_id]
         self.blocks.release(gen_id)
 
+    def reset_cache(self) -> None:
+        if self._running or self._suspended or self._paused:
+            raise RuntimeError("reset_cache with generations still in the engine")
+        self.blocks = BlockManager(self.profile.num_kv_blocks, self.block_size)
+
     def free_kv_blocks(self) -> int:
         """Free blocks, counting those paused generations hold: a newcomer gets them back."""
         return self.blocks.free_blocks + sum(self.blocks.held(gen_id) for gen_id in self._paused)

@@ -174,6 +174,13 @@ class VllmEngine(Engine):
         """Token ids ``gen_id`` has generated so far (all starts together)."""
         return list(self._gens[gen_id].output_ids)
 
+    def reset_cache(self) -> None:
+        """vLLM's prefix cache emptied (its public ``reset_prefix_cache``); refused while a generation is left."""
+        if self._gens:
+            raise RuntimeError(f"reset_cache with {len(self._gens)} generations still in the engine")
+        if not self._engine.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache")
+
     def close(self) -> None:
         for gen_id in list(self._gens):
             self.release(gen_id)

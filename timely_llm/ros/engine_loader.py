@@ -4,9 +4,10 @@ the engine released in another thread once the server loop has stopped."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from rclpy.parameter import Parameter
@@ -16,7 +17,8 @@ from timely_llm.core.features import Features
 from timely_llm.core.policies import serving_policy
 from timely_llm.core.tuf import DEFAULT_TUFS, TUF
 from timely_llm.engines.base import Engine
-from timely_llm.engines.registry import ENGINE_PREFIXES, ENGINES, EngineSettings, engine_kind
+from timely_llm.engines.keeper import EngineKeeper
+from timely_llm.engines.registry import ENGINE_PREFIXES, ENGINES, EngineKind, EngineSettings, engine_kind
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros.fleet_file import Fleet, load_fleet, open_fleet
 from timely_llm.ros.goal_desk import GoalDesk
@@ -41,10 +43,14 @@ LOAD_POLL_S = 0.1
 
 
 class EngineLoader:
-    """Builds the server from the node's parameters (``load``) and releases it (``release_later``)."""
+    """Builds the server from the node's parameters (``load``) and releases it (``release_later``). With a
+    ``keeper`` the engine is taken from it and handed back to it, not loaded and closed."""
 
-    def __init__(self, node: ServerNode, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event) -> None:
+    def __init__(self, node: ServerNode, clock: WallClock, desk: GoalDesk, shutting_down: threading.Event,
+                 keeper: EngineKeeper | None = None) -> None:
         self._node, self._clock, self._desk, self._shutting_down = node, clock, desk, shutting_down
+        self._keeper = keeper
+        self._loaded_engine: Engine | None = None  # the last engine this loader made itself (not the keeper's)
         self._param = node.param
         self._teardown: threading.Thread | None = None  # releasing the last engine, off the executor
 
@@ -69,13 +75,15 @@ class EngineLoader:
             except concurrent.futures.TimeoutError:
                 pass
             if self._shutting_down.is_set():
-                loading.add_done_callback(_close_loaded)
+                loading.add_done_callback(functools.partial(_close_loaded, self.dispose))
                 raise RuntimeError("shutdown requested while loading the engine")
             set_phase(phase := f"configuring: loading {what} ({time.monotonic() - began:.0f} s)")
             if time.monotonic() >= next_log:
                 log.info(f"{phase} ...")
                 next_log += LOAD_PROGRESS_S
-        log.info(f"{what} loaded in {time.monotonic() - began:.1f} s")
+        kept = self._keeper is not None and server.engine is not self._loaded_engine
+        log.info(f"{what} {'taken from the keeper (loaded before), server built' if kept else 'loaded'} in "
+                 f"{time.monotonic() - began:.1f} s")
         return server, rules
 
     def release_later(self, server: Server, loop: ServerLoop) -> None:
@@ -107,8 +115,15 @@ class EngineLoader:
         if previous is not None:
             previous.join()
         loop.join()
-        server.engine.close()
-        self._node.get_logger().info("engine released")
+        self.dispose(server.engine)
+        self._node.get_logger().info("engine released" + (" (kept for the next node)" if self._keeper else ""))
+
+    def dispose(self, engine: Engine) -> None:
+        """Close ``engine``, or hand it back to the keeper."""
+        if self._keeper is not None:
+            self._keeper.give_back(engine)
+        else:
+            engine.close()
 
     def _build(self, loading: concurrent.futures.Future) -> None:
         """Loader thread: the previous engine released first, then the new server and its goal rules."""
@@ -119,7 +134,7 @@ class EngineLoader:
             try:
                 loading.set_result((server, self.goal_rules(server, fleet)))
             except BaseException:
-                server.engine.close()
+                self.dispose(server.engine)
                 raise
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting configure
             if not loading.done():
@@ -180,12 +195,23 @@ class EngineLoader:
                                                 "(write one with timely-llm profile)")
 
     def _make_engine(self, config: ServerConfig) -> Engine:
-        """The engine the ``engine`` parameter names, built by its registry entry (``engines/registry.py``)."""
+        """The engine the ``engine`` parameter names, built by its registry entry (``engines/registry.py``), or the
+        keeper's where it holds one built from the same parameters."""
         kind = engine_kind(self._param("engine"))
         own = self._node.parameters_by_prefix(kind.section) if kind.section else {}
         set_by_policy = {name: ("parameter policy", value) for name, value in config.vllm_args().items()}
-        return kind.factory(EngineSettings(self._param, {n: p.value for n, p in own.items()}, config.max_batch,
-                                           set_by_policy))
+        settings = EngineSettings(self._param, {n: p.value for n, p in own.items()}, config.max_batch, set_by_policy)
+        if self._keeper is None:
+            return kind.factory(settings)
+        key: Hashable = (kind.name, self._param(kind.model_parameter), self._param("kv_cache_gib"),
+                         self._param("hw_profile"), config.max_batch, repr(sorted(settings.own.items())),
+                         repr(sorted(set_by_policy.items())))
+        return self._keeper.take(key, functools.partial(self._made, kind, settings))
+
+    def _made(self, kind: EngineKind, settings: EngineSettings) -> Engine:
+        """The engine built, remembered as loaded by this loader (so its log can tell a kept engine from a new one)."""
+        self._loaded_engine = kind.factory(settings)
+        return self._loaded_engine
 
 
 def default_tufs(param: Callable[[str], Any]) -> dict[str, TUF]:
@@ -193,7 +219,7 @@ def default_tufs(param: Callable[[str], Any]) -> dict[str, TUF]:
     return {c: TUF(*(param(f"tuf.{c}.{k}") for k in ("ert", "alpha", "beta"))) for c in CATEGORIES}
 
 
-def _close_loaded(loading: concurrent.futures.Future) -> None:
-    """A loader's server nobody waits for any more: its engine is closed."""
+def _close_loaded(dispose: Callable[[Engine], None], loading: concurrent.futures.Future) -> None:
+    """A loader's server nobody waits for any more: its engine is closed (or handed back)."""
     if not loading.cancelled() and loading.exception() is None:
-        loading.result()[0].engine.close()
+        dispose(loading.result()[0].engine)

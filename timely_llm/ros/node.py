@@ -62,6 +62,7 @@ from timely_llm.core.features import Features
 from timely_llm.core.policies import POLICIES
 from timely_llm.core.tuf import DEFAULT_TUFS
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS
+from timely_llm.engines.keeper import EngineKeeper
 from timely_llm.engines.registry import engines_help
 from timely_llm.engines.remote_settings import parameters as remote_parameters
 from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
@@ -177,7 +178,9 @@ class NodeStartError(RuntimeError):
 class TimelyLlmNode(ServerNode):
     """The lifecycle and its parts: goal intake and delivery, robots' reports, status, live parameters."""
 
-    def __init__(self, **node_kwargs: Any) -> None:
+    def __init__(self, engines: EngineKeeper | None = None, **node_kwargs: Any) -> None:
+        """``engines``: take the engine from this keeper and hand it back at cleanup instead of loading and closing
+        one (nodes of one process one after another on one model load: ``timely-llm demo``)."""
         super().__init__("timely_llm_server", automatically_declare_parameters_from_overrides=True, **node_kwargs)
         self._state = "unconfigured"  # the lifecycle state, kept by the transition callbacks (``_transition``)
         self._declare_parameters()
@@ -198,7 +201,7 @@ class TimelyLlmNode(ServerNode):
         self._desk = GoalDesk(self, self._loop, self._ledger, self._guarded, reports.take)
         self._reporter = StatusReporter(self, self._loop, self._ledger, self._desk, self._guarded)
         LiveParameters(self, self._loop, self._ledger, self._desk, self._reporter, self._guarded)
-        self._loader = EngineLoader(self, self.clock, self._desk, self._shutting_down)
+        self._loader = EngineLoader(self, self.clock, self._desk, self._shutting_down, engines)
         self._check_skill_models()
         if self.param("autostart"):
             self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self._transitions)

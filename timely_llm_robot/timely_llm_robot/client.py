@@ -79,6 +79,8 @@ class TaskOutcome:
     ended_at: float | None = None
     """Monotonic time the result (or the rejection) arrived."""
     exec_time: float = 0.0
+    executed: int = 0
+    """Segments this robot has finished executing."""
     result_after_segments: bool = True
     """False if the result came before every segment of the plan had arrived."""
     goal_handle: ClientGoalHandle | None = None
@@ -268,6 +270,7 @@ class RobotClient(Generic[LinkT]):
             result = self.runner(segment, outcome.label)
             ended = self.link.node.get_clock().now().to_msg()
             outcome.exec_time += result.duration
+            outcome.executed += 1
             if self.report:
                 report = SegmentDone(stamp=ended, agent_id=self.agent_id, request_id=segment.request_id,
                                      index=segment.index, duration=duration_msg(result.duration),

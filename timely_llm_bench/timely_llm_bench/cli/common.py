@@ -57,15 +57,19 @@ def _print_failures(records: list[dict]) -> None:
 
 
 @contextlib.contextmanager
-def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S) -> Iterator[Callable[[int], None]]:
-    """A callback taking the number of requests done; a thread prints 'done / total' every ``period_s``."""
+def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S,
+              waiting: Callable[[], str] | None = None) -> Iterator[Callable[[int], None]]:
+    """A callback taking the number of requests done; a thread prints 'done / total' every ``period_s``, and with
+    ``waiting`` (what the open requests wait for) that too."""
     done = [0]
     stop = threading.Event()
     began = time.monotonic()
 
     def report() -> None:
         while not stop.wait(period_s):
-            print(f"  {label}: {done[0]}/{total} requests done ({time.monotonic() - began:.0f} s)", flush=True)
+            open_ = waiting() if waiting is not None and done[0] < total else ""
+            print(f"  {label}: {done[0]}/{total} requests done ({time.monotonic() - began:.0f} s)"
+                  + (f"; waiting for {open_}" if open_ else ""), flush=True)
 
     def update(count: int) -> None:
         done[0] = count

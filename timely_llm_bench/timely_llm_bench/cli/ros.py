@@ -32,10 +32,13 @@ from timely_llm_bench.cli.common import (
     _print_summary,
     _progress,
 )
+from timely_llm_bench.cli.demo_log import terminal_and_log
 
 if TYPE_CHECKING:
+    from timely_llm.engines.keeper import EngineKeeper
     from timely_llm.plan.skills import SkillModel
     from timely_llm.traces import TraceCatalog
+    from timely_llm_bench.evaluation.machine_load import MachineLoad
     from timely_llm_bench.workloads.generator import Workload
     from timely_llm_robot.client import SegmentRunner
 
@@ -49,7 +52,19 @@ estimated at ~0 s."""
 
 
 DEMO_GENERATED_SECONDS = 20.0
-"""The demo on the real model replays the first 20 s of the workload: the CPU generates ~17 tokens/s."""
+"""The light demo on the real model replays the first 20 s of the workload: the CPU generates ~17 tokens/s."""
+
+
+DEMO_BURST_SECONDS = 1.0
+"""The bursty demo with plans generated: the requests of the first burst only (14 drone tasks, 4 of them urgent,
+with seed 0), more than the batch cap of 8 admits at once; a 2-core CPU serves one burst in about a minute."""
+
+
+DEMO_LEAD_S = 1.0
+DEMO_GRACE_S = 60.0
+"""How long a demo run waits for its open requests after the last arrival: a baseline that keeps the burst
+waiting longer has shown what it does by then, and its open requests are listed as not ended."""
+"""At the bursty point the first request arrives this long after the robots are up (not the workload's 8 s)."""
 
 
 DEMO_PLAN_TOKENS = 48
@@ -125,11 +140,21 @@ DEMO_POLICIES = (TIMELYLLM.name, VLLM_STREAM.name, VLLM.name)
 
 
 DEMO_POINTS = {
+    "bursty": "drone tasks in bursts of up to 16 (106 in 60 s; with --engine vllm generating plans, the first burst "
+              "only: 14, 4 urgent), the batch capped at 8 (--max-batch): slots are scarce and the scheduler decides "
+              "who gets them",
     "light": "WID1 (or --workload), the shipped batch cap (max_batch): the engine keeps up and the streaming policies "
              "are level",
-    "bursty": "106 drone tasks in 60 s in bursts of up to 16, the batch capped at 8 (--max-batch): slots are "
-              "scarce and the scheduler decides who gets them",
 }
+
+
+DEMO_LEVEL = {
+    "light": "at the light point the engine keeps up with the arrivals, so no request waits for a batch slot and the "
+             "order a scheduler picks changes little; --point bursty is where slots are scarce",
+    "bursty": "not what this point is for (slots are scarce here): a machine busy with other work slows every policy "
+              "alike, see the machine load above",
+}
+"""Why two policies come out level at each point."""
 
 
 def _add_demo(p: argparse.ArgumentParser) -> None:
@@ -141,12 +166,15 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
                      "once per policy, one policy after the other; print each policy's results, how busy the "
                      "machine was during each run (the CPU other processes took) and, where the runs saw "
                      "comparable machines, how the first policy fared against each other one.")
-    _add_replay_args(p, duration_default=f"{DEMO_GENERATED_SECONDS:.0f} with --engine vllm generating plans, "
-                                         "else 60; --point bursty: all its 60 s")
+    _add_replay_args(p, duration_default=f"--point light: {DEMO_GENERATED_SECONDS:.0f} with --engine vllm "
+                                         "generating plans, else 60; --point bursty: from its first arrival, "
+                                         f"{DEMO_BURST_SECONDS:.0f} (its first burst) with --engine vllm generating "
+                                         "plans, else all")
     p.set_defaults(duration=None, workload=None)
     _add_robot_args(p, tello_sim=True)
-    p.add_argument("--point", choices=tuple(DEMO_POINTS), default="light",
-                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items()) + " (default light)")
+    p.add_argument("--point", choices=tuple(DEMO_POINTS), default=None,
+                   help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items())
+                        + " (default bursty; light where --workload is given)")
     p.add_argument("--engine", choices=(SIM_ENGINE.name, VLLM_ENGINE.name),
                    default=VLLM_ENGINE.name if importlib.util.find_spec("vllm") else SIM_ENGINE.name,
                    help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
@@ -166,6 +194,9 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=_positive_int, default=1,
                    help="rounds of all the policies, every other round in reverse order (ABC, CBA, ...), so that "
                         "each policy sees the same machine on average; results merged over rounds (default 1)")
+    p.add_argument("--log", default="build/demo.log",
+                   help="file for everything but the demo's own lines: vLLM's output, warnings, progress bars, the "
+                        "node's ROS log (default build/demo.log)")
     _add_vllm_arg(p)
     p.set_defaults(run=_demo)
 
@@ -176,17 +207,29 @@ def _demo_inputs(args: argparse.Namespace) -> tuple[dict, TraceCatalog, Workload
     from timely_llm_bench.robots.fleet import cut
     from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
 
+    generate = args.engine == VLLM_ENGINE.name and not args.replay
+    args.point = args.point or ("light" if args.workload is not None else "bursty")
     if args.point == "bursty":
         if args.workload is not None:
             raise ConfigError("--workload", None, "the bursty point has its own workload: give one or the other")
         skills, catalog, _ = _load_inputs(argparse.Namespace(**{**vars(args), "workload": "WID1"}))
-        workload = cut(generate_peer(PEER_WORKLOADS["bursty"], catalog, args.seed), args.duration)
-        return skills, catalog, workload, args.max_batch or BURSTY_MAX_BATCH
+        workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, args.seed)
+        duration = args.duration or (DEMO_BURST_SECONDS if generate else None)
+        return skills, catalog, _from_first_arrival(workload, duration), args.max_batch or BURSTY_MAX_BATCH
     args.workload = args.workload or "WID1"
     skills, catalog, workload = _load_inputs(args)
-    generate = args.engine == VLLM_ENGINE.name and not args.replay
     return skills, catalog, cut(workload, args.duration or (DEMO_GENERATED_SECONDS if generate else 60.0)), \
         args.max_batch or shipped_parameters()["max_batch"]
+
+
+def _from_first_arrival(workload: Workload, duration: float | None) -> Workload:
+    """The requests arriving within ``duration`` s of the first (all if None), the first at ``DEMO_LEAD_S``."""
+    import dataclasses
+
+    first = min((r.arrival for r in workload.requests), default=0.0)
+    kept = [r for r in workload.requests if duration is None or r.arrival < first + duration]
+    return dataclasses.replace(workload, requests=tuple(
+        dataclasses.replace(r, arrival=round(r.arrival - first + DEMO_LEAD_S, 6)) for r in kept))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -199,11 +242,16 @@ def _demo(args: argparse.Namespace) -> int:
     node_params = _demo_node_params(args, max_batch, generate)
     source = f"plans generated by {args.model} from the task texts" if generate else "recorded LRTrace plans"
     arrivals = max((r.arrival for r in workload.requests), default=0.0)
-    print(f"{len(workload.requests)} requests of {workload.name} over ROS 2, {args.engine} engine, {source}, "
-          f"batch cap {max_batch}; each policy replays them in real time ({arrivals:.0f} s of "
-          f"arrivals); {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
-    records, loads = _demo_runs(args, workload, catalog, skills, node_params, generate)
-    _print_demo_results(args, workload, records, loads)
+    urgent = sum(catalog[r.trace].category == "urgent" for r in workload.requests)
+    print(f"{len(workload.requests)} requests ({urgent} urgent) of {workload.name} over ROS 2, {args.engine} engine, "
+          f"{source}, batch cap {max_batch}; each policy replays them in real time (the last arrives at "
+          f"{arrivals:.1f} s); {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    from timely_llm.engines.vllm_version import MODULE as VLLM_MODULE
+
+    with terminal_and_log(Path(args.log), (VLLM_MODULE,) if args.engine == VLLM_ENGINE.name else ()):
+        print(f"third-party output (vLLM, progress bars, the node's ROS log) goes to {args.log}", flush=True)
+        records, loads = _demo_runs(args, workload, catalog, skills, node_params, generate)
+        _print_demo_results(args, workload, records, loads)
     return 0
 
 
@@ -223,49 +271,91 @@ def _demo_node_params(args: argparse.Namespace, max_batch: int, generate: bool) 
 
 def _demo_runs(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel],
                node_params: dict[str, Any], generate: bool) -> tuple[dict[str, list[dict]], dict[str, list]]:
-    """Each policy's run, a fresh node each, in turns that alternate their order by round: (records, loads) by
-    policy."""
-    from timely_llm_bench.evaluation.machine_load import measured
-    from timely_llm_bench.robots.fleet import ros_session, run_fleet, server_node
+    """Each policy's run, a fresh node each on one engine (loaded once, kept between runs), in turns that alternate
+    their order by round: (records, loads) by policy."""
+    from timely_llm.engines.keeper import EngineKeeper
 
+    keeper = EngineKeeper()
     records: dict[str, list[dict]] = {policy: [] for policy in args.policies}
     loads: dict[str, list] = {policy: [] for policy in args.policies}
-    for round_ in range(args.rounds):
-        for policy in args.policies if round_ % 2 == 0 else args.policies[::-1]:
-            label = f"{policy}" + (f" (round {round_ + 1})" if args.rounds > 1 else "")
-            print(f"{label}: starting the node ({args.engine} engine)", flush=True)
-            with ros_session(args.domain_id) as (context, executor), \
-                    server_node(executor, context, engine=args.engine, policy=policy, **node_params,
-                                network_latency=workload.network_latency), \
-                    _robots(args, workload, catalog, skills) as runners, \
-                    _progress(policy, len(workload.requests)) as progress, measured() as meter:
-                got = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
-                                generate=generate, max_new_tokens=args.max_new_tokens if generate else 0,
-                                interface=args.interface)
-            records[policy] += got
-            loads[policy] += [meter.load] if meter.load else []
-            print(f"{label}: {sum(r['status'] == 'succeeded' for r in got)} of {len(got)} requests succeeded; "
-                  + (meter.load.describe() if meter.load else "machine load not measured (no /proc)"), flush=True)
+    what = f"{args.model} on the vllm engine" if args.engine == VLLM_ENGINE.name else "the sim engine"
+    print(f"loading {what} once for all {len(args.policies)} policies", flush=True)
+    try:
+        for round_ in range(args.rounds):
+            for policy in args.policies if round_ % 2 == 0 else args.policies[::-1]:
+                label = f"{policy}" + (f" (round {round_ + 1})" if args.rounds > 1 else "")
+                got, load = _demo_run(args, workload, catalog, skills, node_params, generate, policy, label, keeper)
+                records[policy] += got
+                loads[policy] += [load] if load else []
+    finally:
+        keeper.close()
+    print(f"engine loads in all: {len(keeper.loads)} ("
+          + ", ".join(f"{seconds:.0f} s" for seconds in keeper.loads) + ")", flush=True)
     return records, loads
+
+
+def _demo_run(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel],
+              node_params: dict[str, Any], generate: bool, policy: str, label: str,
+              keeper: EngineKeeper) -> tuple[list[dict], MachineLoad | None]:
+    """One policy's run on a fresh node taking the engine from ``keeper``: its records and the machine's load."""
+    from timely_llm_bench.evaluation.machine_load import measured
+    from timely_llm_bench.robots.fleet import ros_session, run_fleet, server_node, waiting_for
+
+    loaded = len(keeper.loads)
+    print(f"{label}: starting the node ({args.engine} engine)", flush=True)
+    sent: list = []
+    with ros_session(args.domain_id) as (context, executor), \
+            server_node(executor, context, engine=args.engine, engines=keeper, policy=policy, **node_params,
+                        network_latency=workload.network_latency), \
+            _robots(args, workload, catalog, skills) as runners, \
+            _progress(policy, len(workload.requests), waiting=lambda: waiting_for(sent)) as progress, \
+            measured() as meter:
+        if len(keeper.loads) > loaded:
+            print(f"{label}: engine loaded in {keeper.loads[-1]:.0f} s (kept for the other runs)", flush=True)
+        got = run_fleet(workload, catalog, skills, executor, context, args.seed, runners, progress,
+                        generate=generate, max_new_tokens=args.max_new_tokens if generate else 0,
+                        interface=args.interface, sent=sent, partial=True, grace_s=DEMO_GRACE_S)
+    print(f"{label}: {sum(r['status'] == 'succeeded' for r in got)} of {len(got)} requests succeeded; "
+          + (meter.load.describe() if meter.load else "machine load not measured (no /proc)"), flush=True)
+    return got, meter.load
 
 
 def _print_demo_results(args: argparse.Namespace, workload: Workload, records: dict[str, list[dict]],
                         loads: dict[str, list]) -> None:
-    """Each policy's summary and machine load, then the verdict (or why there is none)."""
-    from timely_llm_bench.evaluation.machine_load import combined, verdict_lines
+    """Each policy's summary, machine load and missed deadlines, then one verdict sentence per baseline (after a
+    caution where the runs' machines differed too much to compare them fairly)."""
+    from timely_llm_bench.evaluation.machine_load import combined, load_verdict, verdict_lines
+    from timely_llm_bench.evaluation.verdict import (
+        deadline_lines,
+        first_actions,
+        missed_deadlines,
+        verdict_sentences,
+    )
     from timely_llm_bench.robots.fleet import fleet_result
 
     results = {policy: fleet_result(workload, records[policy], policy, args.seed) for policy in args.policies}
     machine = {policy: combined(found) for policy, found in loads.items() if found}
     print(f"\nresults ({'merged over ' + str(args.rounds) + ' rounds; ' if args.rounds > 1 else ''}"
-          "wall clock: they vary with the machine's load):")
-    for policy, result in results.items():  # last, after every engine's start-up output
+          "wall clock: they vary with the machine's load; response: the robot's first action after its request):")
+    for policy, result in results.items():
         _print_summary(result)
         if policy in machine:
             print(f"  machine during {policy}: {machine[policy].describe()}")
         _print_failures(result["requests"])
+        for line in deadline_lines(result["requests"]):
+            print(line)
     print()
-    for line in verdict_lines({p: r["summary"] for p, r in results.items()}, machine):
+    refusal = load_verdict(machine)
+    if refusal:  # the sentences still come, after the warning that the machine may have decided them
+        print(refusal.replace("no verdict: ", "caution, the runs saw unequal machines: ", 1))
+    else:
+        for line in verdict_lines({p: r["summary"] for p, r in results.items()}, machine):
+            print(line)
+    met = {p: f"{len(r['requests']) - len(missed_deadlines(r['requests']))} of {len(r['requests'])}"
+           for p, r in results.items()}
+    print()
+    firsts = {p: first_actions(r["requests"]) for p, r in results.items()}
+    for line in verdict_sentences(firsts, met, DEMO_LEVEL[args.point]):
         print(line)
 
 

@@ -8,6 +8,7 @@ replay against the node on the sim engine is comparable with ``timely-llm bench`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -24,6 +25,7 @@ from timely_llm_interfaces.rclpy_compat import spinning
 
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.request import Status
+from timely_llm.engines.keeper import EngineKeeper
 from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.errors import RunIncomplete
 from timely_llm.plan.skills import SkillModel
@@ -37,6 +39,8 @@ from timely_llm_robot.client import PlanLink, RobotClient, SegmentRunner, TaskOu
 from timely_llm_robot.topic_client import TopicPlanLink, TopicRobotClient, ros_agent_id
 
 RESULT_GRACE_S = 120.0
+NOT_ENDED = "not ended"
+"""A partial run's status for a request with no result yet."""
 
 
 @contextmanager
@@ -53,11 +57,11 @@ def ros_session(domain_id: int) -> Iterator[tuple[Context, MultiThreadedExecutor
 
 @contextmanager
 def server_node(executor: MultiThreadedExecutor, context: Context, namespace: str = "", engine: str = SIM_ENGINE.name,
-                **params: object) -> Iterator:
+                engines: EngineKeeper | None = None, **params: object) -> Iterator:
     """A ``timely_llm_server`` node with parameter overrides, spun by ``executor``; active unless ``autostart``
     is false (NodeStartError if its autostart fails). Its ``engine`` is sim unless given: what replays workloads'
-    LRTrace plans."""
-    node = TimelyLlmNode(context=context, namespace=namespace,
+    LRTrace plans; with ``engines`` it takes the engine from that keeper and gives it back when it ends."""
+    node = TimelyLlmNode(engines=engines, context=context, namespace=namespace,
                          parameter_overrides=[Parameter(k, value=v) for k, v in {"engine": engine, **params}.items()])
     executor.add_node(node)
     try:
@@ -84,7 +88,8 @@ def fleet_agents(workload: Workload, catalog: TraceCatalog) -> dict[str, str]:
 def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, SkillModel], executor: MultiThreadedExecutor,
               context: Context, seed: int = 0, runners: dict[str, SegmentRunner] | None = None,
               progress: Callable[[int], None] | None = None, generate: bool = False,
-              max_new_tokens: int = 0, interface: str = "action", grace_s: float = RESULT_GRACE_S) -> list[dict]:
+              max_new_tokens: int = 0, interface: str = "action", grace_s: float = RESULT_GRACE_S,
+              sent: list | None = None, partial: bool = False) -> list[dict]:
     """Send every request at its arrival time from its agent's robot client; the per-request records.
 
     ``runners`` executes each agent's segments (default: SimulatedSkills for all); ``progress`` is
@@ -92,6 +97,9 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     request carries its trace's task text but no trace id, so the node generates the plan (at
     most ``max_new_tokens``, 0: the node's default) instead of replaying the recorded one. Robots ask over
     ``interface``: the ``request_plan`` action or the ``task_requests`` topic, as :func:`ros_agent_id` of their names.
+    ``sent``: a list each (request, TaskOutcome) is appended to as it is sent (for :func:`waiting_for`). A request
+    still open ``grace_s`` after the last arrival raises RunIncomplete, or with ``partial`` is recorded with status
+    ``not ended``.
     """
     node = Node("timely_llm_fleet", context=context)
     executor.add_node(node)
@@ -101,7 +109,11 @@ def run_fleet(workload: Workload, catalog: TraceCatalog, skills: dict[str, Skill
     try:
         if not link.wait_for_server():
             raise RuntimeError(f"no timely_llm_server answers on the {interface} interface")
-        start, sent = _replay(workload, catalog, robots, _counter(progress), generate, max_new_tokens)
+        sent = [] if sent is None else sent
+        start = _replay(workload, catalog, robots, _counter(progress), sent, generate, max_new_tokens)
+        if partial:
+            _wait_all(sent, grace_s)
+            return [_record(req, outcome, catalog, start) for req, outcome in sent]
         return [_record(req, outcome, catalog, start) for req, outcome in _ended(sent, grace_s)]
     finally:
         for robot in robots.values():
@@ -122,6 +134,14 @@ def _ended(sent: list, grace_s: float) -> list:
                             "the node cannot keep up with this workload on this machine") from None
 
 
+def _wait_all(sent: list, grace_s: float) -> None:
+    """Until every sent request ended, or ``grace_s`` passed."""
+    deadline = time.monotonic() + grace_s
+    for _, outcome in sent:
+        with contextlib.suppress(TimeoutError):
+            outcome.wait(max(0.0, deadline - time.monotonic()))
+
+
 def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[str, SegmentRunner],
             network_delay: float) -> tuple[PlanLink | TopicPlanLink, dict[str, RobotClient]]:
     """The link of ``interface`` (action or topic) on ``node``, and a robot client per agent on it."""
@@ -137,10 +157,10 @@ def _robots(node: Node, interface: str, agents: dict[str, str], runners: dict[st
 
 
 def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotClient],
-            on_end: Callable[[object], None], generate: bool = False, max_new_tokens: int = 0) -> tuple[float, list]:
-    """Send every request at its arrival; the monotonic time arrivals count from, and (request, outcome) pairs."""
+            on_end: Callable[[object], None], sent: list, generate: bool = False, max_new_tokens: int = 0) -> float:
+    """Send every request at its arrival, appending (request, outcome) to ``sent``; the monotonic time arrivals
+    count from."""
     start = time.monotonic()
-    sent = []
     for r in workload.requests:
         time.sleep(max(0.0, start + r.arrival - time.monotonic()))
         trace = catalog[r.trace]
@@ -148,7 +168,35 @@ def _replay(workload: Workload, catalog: TraceCatalog, robots: dict[str, RobotCl
                                           max_new_tokens=max_new_tokens, label=r.id, overrun_strategy=r.overrun)
         outcome.finished.add_done_callback(on_end)
         sent.append((r, outcome))
-    return start, sent
+    return start
+
+
+WAITING_SHOWN = 3
+"""A progress line names at most this many open requests."""
+
+
+def waiting_for(sent: list) -> str:
+    """What the open requests among ``sent`` ((request, TaskOutcome) pairs) wait for, e.g. "drone-03 (generating
+    its first segment), drone-05 (robot executing segment 2 of 2 received)"; "" when none is open."""
+    open_ = [(request, outcome) for request, outcome in list(sent) if not outcome.finished.done()]
+    named = [f"{request.agent} ({_stage(outcome)})" for request, outcome in open_[:WAITING_SHOWN]]
+    more = f" and {len(open_) - WAITING_SHOWN} more" if len(open_) > WAITING_SHOWN else ""
+    return ", ".join(named) + more
+
+
+def _stage(outcome: TaskOutcome) -> str:
+    """Where one open request is: at the node, generating, at the robot, or its result on the way."""
+    received, executed = len(outcome.segments), outcome.executed
+    if not outcome.accepted:
+        return "the node has not accepted it yet"
+    if not received:
+        return "its plan: generating the first segment"
+    final = outcome.segments[-1].final
+    if executed < received:
+        return f"robot executing segment {executed + 1} of {received}{'' if final else ' received so far'}"
+    if not final:
+        return f"its plan: generating segment {received + 1} (robot done with {executed})"
+    return "its result: the robot executed the whole plan"
 
 
 def _counter(progress: Callable[[int], None] | None) -> Callable[[object], None]:
@@ -169,14 +217,18 @@ def _record(request, outcome: TaskOutcome, catalog: TraceCatalog, start: float) 
     """``timely-llm bench``'s record of a request (WorkloadRequest), from what its robot saw: times count from
     ``start`` (the replay's), except the node's response and waiting time. A shed request (aborted, reason
     INFEASIBLE_REASON) was told when its result came; the node's result gives the best response it could
-    still have had then."""
+    still have had then. A request not ended (a partial run) has the response its robot saw, if it got a segment."""
     result = outcome.result
     shed = result is not None and outcome.status == Status.ABORTED.value and result.reason == INFEASIBLE_REASON
+    ended = outcome.finished.done()
     record = {"id": request.id, "agent": request.agent, "trace": request.trace,
               "category": catalog[request.trace].category, "arrival": request.arrival, "tuf": request.tuf.to_dict(),
-              "status": outcome.status, "reason": result.reason if result else "goal rejected",
+              "status": outcome.status if ended else NOT_ENDED,
+              "reason": result.reason if result else "goal rejected" if ended else f"no result: {_stage(outcome)}",
               "num_segments": len(outcome.segments)}
     response = optional_seconds(result.response_time) if result else None
+    if not ended and outcome.first_segment_at is not None:
+        response = outcome.first_segment_at - outcome.sent
     record["response_time"] = None if shed else response
     record["waiting_time"] = None if shed or not result else optional_seconds(result.waiting_time)
     record["utility"] = None if shed or not result or not math.isfinite(result.utility) else result.utility
