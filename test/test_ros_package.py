@@ -426,9 +426,13 @@ def _values(status: DiagnosticStatus) -> dict[str, str]:
 
 
 def test_diagnostics_count_goals_per_robot_type_and_warn_when_urgent_goals_miss_their_deadline(
-        session: tuple, link: PlanLink) -> None:
+        session: tuple, link: PlanLink, tmp_path: Path) -> None:
     """A status per robot type (goals served, misses in the last minute, mean response); an urgent goal whose first
-    response came after its TUF's ert makes its type's status and the node's WARN, and the node log it at WARN."""
+    response came after its TUF's ert makes its type's status and the node's WARN, and the node log it at WARN.
+    The robot's class allows a 1 ms ert (the default urgent class would clamp it to the category's 0.2 s)."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("classes:\n  strict: {max_beta: 2.0, max_slope: 6.67, min_ert: 0.001}\n"
+                     "robots:\n  - {id: tello_1, types: [tello], class: strict}\n")
     arrays: list[DiagnosticArray] = []
     logs: list[Log] = []
     link.node.create_subscription(DiagnosticArray, "/diagnostics", arrays.append, QoSProfile(depth=50))
@@ -438,7 +442,7 @@ def test_diagnostics_count_goals_per_robot_type_and_warn_when_urgent_goals_miss_
         return next((s for a in reversed(arrays) for s in a.status if s.name == name), None)
 
     server, tello, arm = (f"/timely_llm_server: {what}" for what in ("server", "robot type tello", "robot type arm"))
-    with server_node(session[1], session[0]):
+    with server_node(session[1], session[0], fleet_file=str(fleet)):
         robot = RobotClient(link, "tello_1", "tello", SimulatedSkills(SKILLS["tello"], time_scale=0.1))
         try:
             for trace in (1, 2):

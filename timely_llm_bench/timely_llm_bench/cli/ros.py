@@ -157,9 +157,20 @@ DEMO_LEVEL = {
 """Why two policies come out level at each point."""
 
 
-def _add_demo(p: argparse.ArgumentParser) -> None:
+def _add_demo_engine_args(p: argparse.ArgumentParser) -> None:
     import importlib.util
 
+    p.add_argument("--engine", choices=(SIM_ENGINE.name, VLLM_ENGINE.name),
+                   default=VLLM_ENGINE.name if importlib.util.find_spec("vllm") else SIM_ENGINE.name,
+                   help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
+                        "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
+                   help="vllm: smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
+    p.add_argument("--replay", action="store_true",
+                   help="vllm: force-decode the recorded LRTrace plans instead of generating from the task texts")
+
+
+def _add_demo(p: argparse.ArgumentParser) -> None:
     from timely_llm.core.policies import POLICIES
 
     p.description = ("Start the node in this process and replay a fleet's requests to it over ROS 2 in real time, "
@@ -175,14 +186,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--point", choices=tuple(DEMO_POINTS), default=None,
                    help="; ".join(f"{name}: {text}" for name, text in DEMO_POINTS.items())
                         + " (default bursty; light where --workload is given)")
-    p.add_argument("--engine", choices=(SIM_ENGINE.name, VLLM_ENGINE.name),
-                   default=VLLM_ENGINE.name if importlib.util.find_spec("vllm") else SIM_ENGINE.name,
-                   help="vllm: embedded vLLM generating plans from the task texts (default where vLLM is "
-                        "installed); sim: calibrated simulator replaying LRTrace plans on the wall clock")
-    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
-                   help="vllm: smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--replay", action="store_true",
-                   help="vllm: force-decode the recorded LRTrace plans instead of generating from the task texts")
+    _add_demo_engine_args(p)
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEMO_PLAN_TOKENS,
                    help=f"vllm: cap on a generated plan's tokens (default {DEMO_PLAN_TOKENS})")
     p.add_argument("--max-batch", type=_positive_int, default=None,
