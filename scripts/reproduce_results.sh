@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the results tables of docs/simulator.md (README.md's is the cap-8 one, condensed):
+# Regenerates the results tables of docs/simulator.md:
 # every policy on WID1 (low and high load), WID2 and WID3
 # on the simulator with the RTX 4090 profile, seed 0, with vLLM's default batch cap (256) and with
 # the artifact's max_num_seqs=8 (CAPS="none 8"). Results go to results/, plots to results/plots-cap*.
