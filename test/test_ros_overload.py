@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,17 @@ pytestmark = pytest.mark.ros
 RESULT_TIMEOUT_S = 60.0
 CATALOG = load_catalog()
 IMPOSSIBLE = TUF(ert=0.0, alpha=-100.0, beta=1.0)
+STRICT_FLEET = ("classes:\n  strict: {max_beta: 2.0, max_slope: 100.0, min_ert: 0.0}\n"
+                "robots:\n  - {id: '*', types: ['*'], class: strict}\n")
+"""Every robot of class ``strict``, which allows the deadlines these tests claim: the default class would clamp an
+ERT of 0 to the urgent category's 0.2 s (fleet admission), and the goal would not be infeasible."""
+
+
+@pytest.fixture
+def strict_fleet(tmp_path: Path) -> str:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(STRICT_FLEET)
+    return str(path)
 """Cut-off 10 ms after arrival: less than the network latency plus one segment's generation."""
 RULES = GoalRules(load_skill_models(), CATALOG, SimTokenizer().encode, 1536,
                   {c: TUF(1.0, -2.0, 1.0) for c in ("normal", "urgent", "arm")}, trace_required=True)
@@ -48,8 +60,9 @@ def test_goal_fields_reach_the_plan_request_and_a_bad_strategy_is_refused() -> N
         plan_from_goal(goal, "r3", RULES)
 
 
-def test_goal_that_cannot_meet_its_deadline_is_aborted_at_once(session: tuple, robots: Callable) -> None:
-    with server_node(session[1], session[0], features="shed"):
+def test_goal_that_cannot_meet_its_deadline_is_aborted_at_once(session: tuple, robots: Callable,
+                                                                strict_fleet: str) -> None:
+    with server_node(session[1], session[0], fleet_file=strict_fleet, features="shed"):
         doomed = robots("d1").request(CATALOG[6].prompt, IMPOSSIBLE, 6)
         fine = robots("d2").request(CATALOG[7].prompt, None, 7)
         doomed.wait(RESULT_TIMEOUT_S), fine.wait(RESULT_TIMEOUT_S)
@@ -58,8 +71,9 @@ def test_goal_that_cannot_meet_its_deadline_is_aborted_at_once(session: tuple, r
     assert fine.status == "succeeded", fine.result.reason
 
 
-def test_opted_in_goal_keeps_waiting_and_its_feedback_says_so(session: tuple, robots: Callable) -> None:
-    with server_node(session[1], session[0], features="shed"):
+def test_opted_in_goal_keeps_waiting_and_its_feedback_says_so(session: tuple, robots: Callable,
+                                                              strict_fleet: str) -> None:
+    with server_node(session[1], session[0], fleet_file=strict_fleet, features="shed"):
         kept = robots("d1").request(CATALOG[6].prompt, IMPOSSIBLE, 6, keep_if_infeasible=True)
         kept.wait(RESULT_TIMEOUT_S)
     assert kept.status == "succeeded", kept.result.reason
@@ -68,7 +82,7 @@ def test_opted_in_goal_keeps_waiting_and_its_feedback_says_so(session: tuple, ro
     assert kept.result.utility < 0
 
 
-def test_fleet_records_mark_shed_goals_and_the_summary_counts_them_back_in(session: tuple) -> None:
+def test_fleet_records_mark_shed_goals_and_the_summary_counts_them_back_in(session: tuple, strict_fleet: str) -> None:
     """An overloaded burst (urgent drones at a batch of one, one of them impossible) replayed by run_fleet."""
     urgent, relaxed = TUF(0.2, -6.67, 2.0), TUF(5.0, -2.0, 1.0)
     burst = [WorkloadRequest("impossible", 0.0, "d-0", 7, IMPOSSIBLE)]
@@ -77,7 +91,7 @@ def test_fleet_records_mark_shed_goals_and_the_summary_counts_them_back_in(sessi
     workload = Workload("burst", 0.008, tuple(burst))
     skills = load_skill_models()
     runners = {r.agent: SimulatedSkills(skills["tello"], time_scale=0.1) for r in burst}
-    with server_node(session[1], session[0], features="amin,ala,shed", max_batch=1):
+    with server_node(session[1], session[0], fleet_file=strict_fleet, features="amin,ala,shed", max_batch=1):
         records = run_fleet(workload, CATALOG, skills, session[1], session[0], runners=runners)
     summary = fleet_result(workload, records, "timelyllm", 0)["summary"]["all"]
 
