@@ -79,8 +79,7 @@ def _add_replay_args(p: argparse.ArgumentParser, duration_default: str = "60") -
                    help=f"replay the requests arriving in the first S seconds (default {duration_default})")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
-    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
-                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    _add_domain_id_arg(p)
 
 
 def _add_robot_args(p: argparse.ArgumentParser, tello_sim: bool) -> None:
@@ -374,8 +373,7 @@ def _add_load_bench(p: argparse.ArgumentParser) -> None:
                    help="the node's RSS once this many goals ended (default 1000 10000;"
                         " the option alone, with no counts, skips the run)")
     p.add_argument("--memory-agents", type=_positive_int, default=200, help="robots for the RSS run (default 200)")
-    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
-                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    _add_domain_id_arg(p)
     p.set_defaults(run=_load_bench)
 
 
@@ -404,8 +402,7 @@ def _add_abuse_bench(p: argparse.ArgumentParser) -> None:
                    help="defaults: no fleet file, one agent flooding urgent claims; fleet: 20 declared robots, "
                         "2,000 made-up ids and a declared robot claiming beyond its class (default both)")
     p.add_argument("--duration", type=_positive_float, default=30.0, help="seconds per run (default 30)")
-    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
-                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    _add_domain_id_arg(p)
     p.set_defaults(run=_abuse_bench)
 
 
@@ -437,8 +434,7 @@ def _add_traffic_bench(p: argparse.ArgumentParser) -> None:
                    help="the interfaces measured, in this order, by the same robot processes (default action topic)")
     p.add_argument("--time-scale", type=_positive_float, default=0.02,
                    help="robots execute segments in this fraction of their skill-model time (default 0.02)")
-    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
-                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
+    _add_domain_id_arg(p)
     p.set_defaults(run=_traffic_bench)
 
 
@@ -459,6 +455,11 @@ FLEET_POLICY = "running node"
 
 
 MAX_ROS_DOMAIN_ID = 232
+
+
+def _add_domain_id_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--domain-id", type=_domain_id, default=os.environ.get("ROS_DOMAIN_ID", "0"),
+                   help="ROS 2 domain id, 0-232 (default: $ROS_DOMAIN_ID or 0)")
 
 
 def _domain_id(text: str) -> int:
