@@ -78,3 +78,10 @@ def test_bench_refuses_the_remote_engine_saying_why_and_where_to_measure_it(tmp_
     err = capsys.readouterr().err
     assert "force-decodes the recorded LRTrace plans" in err and "peer-bench --node-engines remote" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_peer_bench_refuses_more_servers_without_the_remote_engine_in_one_line(tmp_path, capsys):
+    code = main(["peer-bench", "--servers", "2", "--out", str(tmp_path / "peer.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--servers: are for the remote engine" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "peer.json").exists()

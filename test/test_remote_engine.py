@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -278,19 +278,24 @@ def second_serve(tmp_path_factory: pytest.TempPathFactory, vllm_serve: object) -
 
 
 @pytest.mark.remote
-def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_only_its_own(
+def test_two_servers_place_by_prompt_prefix_resume_where_the_kv_is_and_one_killed_fails_only_its_own(
         vllm_serve: object, second_serve: object, key: str) -> None:
     engine = RemoteEngine(settings(vllm_serve.url, second_serve.url))
     tokenizer = engine.tokenizer
-    grammar = plan_grammar(MODELS["tello"])
-    prompt = tokenizer.encode(MODELS["tello"].prompt_text("Scene: [], Task: [A] Fly a square of 50 cm sides."))
-    specs = {f"g{i}": GenerationSpec(f"g{i}", prompt, max_new_tokens=40, grammar=grammar) for i in range(4)}
+    tasks = {"tello": "Scene: [], Task: [A] Fly a square of 50 cm sides.",
+             "arm": "Scene: [cup, sink], Task: Put the cup in the sink."}
+    prompts = {robot: tokenizer.encode(MODELS[robot].prompt_text(task)) for robot, task in tasks.items()}
+    robots = {"g0": "tello", "g1": "tello", "g2": "arm", "g3": "arm"}
+    specs = {g: GenerationSpec(g, prompts[r], max_new_tokens=40, grammar=plan_grammar(MODELS[r]))
+             for g, r in robots.items()}
     try:
         assert engine.max_batch == 16
         for spec in specs.values():
             engine.start(spec)
         placed = {gen_id: engine.server_of(gen_id) for gen_id in specs}
-        assert sorted(placed.values()).count(placed["g0"]) == 2  # two each: the fewest open streams
+        # A robot type's second plan follows its prompt's cached blocks; the other type, cached nowhere, goes to the
+        # least busy server, and its second plan follows it there.
+        assert placed["g0"] == placed["g1"] != placed["g2"] == placed["g3"], placed
         killed = second_serve.url
         on_killed = sorted(g for g, url in placed.items() if url == killed)
         kept = sorted(g for g, url in placed.items() if url != killed)
@@ -311,10 +316,10 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
             if suspended == to_suspend:
                 break
         assert suspended == to_suspend, (suspended, finished)
-        engine.start(GenerationSpec(kept[0], prompt, outputs[kept[0]], 40, grammar=grammar))
+        engine.start(replace(specs[kept[0]], output_ids=outputs[kept[0]]))
         assert engine.server_of(kept[0]) == placed[kept[0]]  # resumed where its KV is
         # A stream open on the server about to die: resumed just before the kill, it cannot end first.
-        engine.start(GenerationSpec(on_killed[1], prompt, outputs[on_killed[1]], 40, grammar=grammar))
+        engine.start(replace(specs[on_killed[1]], output_ids=outputs[on_killed[1]]))
 
         second_serve.kill()
         failed: dict[str, str] = {}
@@ -327,8 +332,8 @@ def test_two_servers_place_by_room_resume_where_the_kv_is_and_one_killed_fails_o
         assert set(failed) == {on_killed[1]} and killed in failed[on_killed[1]], failed
         assert set(finished) == set(kept), finished  # the other server served on
         with pytest.raises(EngineRejected, match=f"its server {killed} .* is down"):
-            engine.start(GenerationSpec(on_killed[0], prompt, outputs[on_killed[0]], 40, grammar=grammar))
-        engine.start(GenerationSpec("new", prompt, max_new_tokens=4, grammar=grammar))
+            engine.start(replace(specs[on_killed[0]], output_ids=outputs[on_killed[0]]))
+        engine.start(replace(specs["g0"], gen_id="new", max_new_tokens=4))
         assert engine.server_of("new") == vllm_serve.url  # new ones go where a server answers
         assert "new" in steps_until(engine, "new", SERVER_PATIENCE_S).finished
     finally:
@@ -348,3 +353,32 @@ def test_an_observation_is_tokenized_as_a_continuation_alike_by_the_server_and_t
     ids = remote.tokenizer.encode_continuation(observation)
     assert ids == LocalTokenizer(smollm2(serving_python())[0]).encode_continuation(observation)
     assert remote.tokenizer.decode(ids) == observation
+
+
+@pytest.mark.remote
+def test_a_resume_finds_its_context_in_the_servers_prefix_cache_as_its_metrics_count(remote: RemoteEngine) -> None:
+    """A suspension closes the stream; the resume re-submits prompt + output, and the server's own prefix-cache
+    metrics count it served every full block of the context before the last token from its cache."""
+    robot = MODELS["tello"]
+    prompt = remote.tokenizer.encode(robot.prompt_text(f"Scene: [], Task: [A] Land after {time.time_ns()} turns."))
+    spec = GenerationSpec("kv", prompt, max_new_tokens=40, grammar=plan_grammar(robot))
+    before = remote.prefix_cache_counts()
+    remote.start(spec)
+    url = remote.server_of("kv")
+    output: list[int] = []
+    for _ in patience(SERVER_PATIENCE_S):
+        output += remote.step().new_tokens.get("kv", [])
+        if len(output) >= 3:
+            break
+    remote.suspend("kv")
+    first = remote.prefix_cache_counts()[url] - before[url]
+    assert (first.first_start_tokens, first.resumes, first.queries) == (len(prompt), 0, len(prompt))
+    remote.start(replace(spec, output_ids=output))
+    context = len(prompt) + len(output)
+    wait_until(lambda: remote.prefix_cache_counts()[url].queries - before[url].queries >= 2 * len(prompt),
+               SERVER_PATIENCE_S, "the resume's lookup in the server's metrics")
+    resume = remote.prefix_cache_counts()[url] - before[url] - first
+    assert (resume.resumes, resume.resumed_tokens, resume.queries) == (1, context - 1, context)
+    assert resume.hits >= (context - 1) // remote.block_size * remote.block_size > 0
+    assert resume.resumed_hits_at_least == min(resume.hits, context - 1)
+    remote.release("kv")

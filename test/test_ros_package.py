@@ -34,6 +34,7 @@ from timely_llm_interfaces.names import report_topic
 from timely_llm_interfaces.qos import DEEP_RELIABLE, SERVER_STATUS_QOS, action_client_qos
 from timely_llm_interfaces.rclpy_compat import spinning
 
+from timely_llm.core.kv_reuse import KvReuse
 from timely_llm.core.tuf import TUF
 from timely_llm.engines.base import ServerHealth
 from timely_llm.engines.remote_servers import RemoteServer
@@ -484,6 +485,16 @@ def test_a_remote_servers_status_says_up_or_down_since_when_with_its_open_stream
     assert down.level == DiagnosticStatus.ERROR and "ConnectError: refused" in down.message
     assert down.message.startswith(f"down since {time.strftime('%Y-%m-%dT%H:%M', time.localtime(down_since))}")
     assert 29 <= int(_values(down)["down for (s)"]) <= 40
+
+
+def test_the_server_status_says_what_resumes_reused_once_the_engine_reported_one() -> None:
+    snapshot = Snapshot(node="/n", lifecycle="active", phase="active: accepting goals",
+                        kv_reuse=KvReuse(resumes=3, reusable=2000, reused=1950))
+    values = _values(diagnostic_array(snapshot, TimeMsg()).status[0])
+    assert values["resumed context from kept or cached KV (%)"] == "97.5"
+    assert values["resumed context tokens recomputed"] == "50"
+    snapshot.kv_reuse = KvReuse(0, 0, 0)
+    assert "resumed context tokens recomputed" not in _values(diagnostic_array(snapshot, TimeMsg()).status[0])
 
 
 def test_a_remote_server_is_down_since_its_first_failure_until_a_probe_answers() -> None:

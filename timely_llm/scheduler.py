@@ -17,10 +17,11 @@ from timely_llm.core.admission import AminAdmission, DeferredPrefill, KvAdmissio
 from timely_llm.core.batch import BatchController
 from timely_llm.core.estimator import ProfiledTimes, SegmentTimes
 from timely_llm.core.filling import BatchFilling
+from timely_llm.core.kv_reuse import count_resume
 from timely_llm.core.overload import OVERRUN_NONE, OverloadControl, Verdict
 from timely_llm.core.places import Call, RequestPlaces
 from timely_llm.core.request import Request, Segment, Status, call_text
-from timely_llm.engines.base import Engine, ResumeInfo, StepOutput
+from timely_llm.engines.base import Engine, ResumeInfo, StepOutput, trailing_observation
 
 MAX_CHARS_PER_TOKEN = 64
 """More characters than any token of a plan model's vocabulary holds: a reported value longer than its token
@@ -184,9 +185,13 @@ class Scheduler:
 
     def _note_starts(self, out: StepOutput) -> None:
         for gen_id, info in out.started.items():
-            if gen_id in self.running:
-                self.running[gen_id].last_start_cache = (info.cached_tokens, info.evicted)
-                _record_resume_prefill(self.running[gen_id], info)
+            request = self.running.get(gen_id)
+            if request is not None:
+                request.last_start_cache = (info.cached_tokens, info.evicted)
+                _record_resume_prefill(request, info)
+                if request.output_ids and info.reported:
+                    appended = trailing_observation(request.observed, len(request.output_ids))
+                    count_resume(self.counters, info.context_tokens, info.cached_tokens, appended)
             if gen_id in self.places.evicted:  # a mid-segment suspension costs what its resume prefills again
                 self.places.evicted.discard(gen_id)
                 self.counters["recomputed_tokens"] += info.context_tokens - info.cached_tokens

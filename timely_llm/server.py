@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from timely_llm.clock import VirtualClock, WallClock
 from timely_llm.core.features import Features
+from timely_llm.core.kv_reuse import KvReuse
 from timely_llm.core.overload import OVERRUN_NONE, OVERRUN_STRATEGIES
 from timely_llm.core.places import PlaceCounts
 from timely_llm.core.policies import ServingPolicy
@@ -90,6 +91,8 @@ class ServerView:
     batch_cap: int
     """The fixed batch cap; 0 where there is none (the engine's own)."""
     counts: PlaceCounts
+    kv_reuse: KvReuse
+    """What resumes reused so far, where the engine reports it."""
 
 
 class Server:
@@ -215,7 +218,8 @@ class Server:
     def view(self) -> ServerView:
         """The policy, the batch cap and where the live requests are, read under the server's lock."""
         with self.lock:
-            return ServerView(self.policy.name, self.batch.max_batch or 0, self.scheduler.places.counts())
+            return ServerView(self.policy.name, self.batch.max_batch or 0, self.scheduler.places.counts(),
+                              KvReuse.of(self.counters))
 
     def queued(self) -> int:
         """How many requests are queued (cheap, unlocked: the loop's own per-step reading)."""

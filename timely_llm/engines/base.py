@@ -88,6 +88,15 @@ def sampled_ids(output_ids: list[int], observed: tuple[tuple[int, int], ...]) ->
     return kept + output_ids[start:]
 
 
+def trailing_observation(observed: tuple[tuple[int, int], ...] | list[tuple[int, int]], output_tokens: int) -> int:
+    """Tokens of the observation that ends an output of ``output_tokens`` with ``observed`` spans: written after
+    the last sampled token, new to the engine; 0 where the output ends with a sampled token."""
+    if not observed or observed[-1][1] != output_tokens:
+        return 0
+    begin, end = observed[-1]
+    return end - begin
+
+
 def appends_observation(spec: GenerationSpec, output_ids: list[int], forced_ids: list[int] | None) -> bool:
     """``spec`` resumes a generation that had written ``output_ids`` (forcing ``forced_ids``) with an observation
     written after them, and nothing else changed: an engine that kept its KV need prefill only the observation."""
@@ -106,6 +115,9 @@ class ResumeInfo:
     """Of those, how many were served from cache instead of prefilled."""
     evicted: bool = False
     """True when the generation's cached blocks had been evicted (or offloaded then lost)."""
+    reported: bool = True
+    """``cached_tokens`` is what the engine did; False where it cannot tell (the remote engine: its servers say
+    only in their metrics) and gives 0."""
 
 
 @dataclass

@@ -8,8 +8,10 @@ that arrived since the last step, waiting up to ``STEP_WAIT_S`` for one, its dur
 on an asyncio loop in a thread of the engine's own (remote_streams.py); the caller's thread never waits on the
 network longer than that (the tokenizer aside, when it is the server's: docs/remote-engine.md).
 
-Several servers: a new generation goes to the answering server with the fewest open streams (then the most free
-KV); its resumes go back to the same server, which holds its KV. A server that fails (connection refused or
+Several servers: a new generation goes where its prompt's leading KV blocks are cached (the engine's record of the
+contexts it had each server compute, remote_prefixes.py), among the answering servers with room and within
+``BALANCE_SLACK`` streams of the least busy; then to the fewest open streams, then the most free KV. Its resumes go
+back to the same server, which holds its KV. A server that fails (connection refused or
 lost, HTTP 5xx) fails its open streams (``StepOutput.failed``, with the cause), refuses the resumes of its
 suspended generations, and is probed (``/health``, with backoff) until it answers again.
 
@@ -37,7 +39,9 @@ from timely_llm.engines.base import (
     ServerHealth,
     StepOutput,
     Tokenizer,
+    trailing_observation,
 )
+from timely_llm.engines.remote_prefixes import PrefixCacheCounts, PrefixIndex, prefix_cache_metrics
 from timely_llm.engines.remote_servers import (
     Chunk,
     RemoteServer,
@@ -52,6 +56,10 @@ from timely_llm.engines.remote_tokenizer import LocalTokenizer, ServerTokenizer
 
 DEFAULT_BLOCK_SIZE = 16
 """KV block size where a server does not say its own (vLLM's GPU default)."""
+BALANCE_SLACK = 2
+"""A new generation follows its cached prompt prefix to a server with at most this many more open streams than
+the least busy one; past that it goes to the least busy (the cache saves a prefill, a long batch costs every
+step: SGLang's cache-aware router balances alike)."""
 
 
 @dataclass
@@ -88,6 +96,8 @@ class RemoteEngine(Engine):
         self.tokenizer = (LocalTokenizer(settings.tokenizer) if settings.tokenizer
                           else ServerTokenizer(self._client, first.url, self.model))
         self._gens: dict[str, _Generation] = {}
+        self._prefixes = {s.url: PrefixIndex(self.block_size, self._capacity(s)) for s in self._servers}
+        self._asked = {s.url: PrefixCacheCounts() for s in self._servers}
         self._streams = RemoteStreams(headers, timeout, self._servers, self._describe_again)
 
     # ----- the Engine contract -----
@@ -98,7 +108,7 @@ class RemoteEngine(Engine):
             raise EngineRejected(f"{spec.gen_id} is already running")
         context = spec.prompt_ids + spec.output_ids
         max_tokens = self._check_startable(spec, context)
-        server = gen.server if gen is not None else self._place(spec.gen_id)
+        server = gen.server if gen is not None else self._place(spec.gen_id, spec.prompt_ids)
         if server.down is not None:
             raise EngineRejected(f"{spec.gen_id}: its server {server.url} (which holds its KV) is down: {server.down}")
         grammar = None if spec.forced_ids is not None else _grammar(spec, self.tokenizer)
@@ -108,6 +118,7 @@ class RemoteEngine(Engine):
         self._gens[spec.gen_id] = gen
         gen.live = self._streams.open(spec.gen_id, gen.stream, server, body)
         server.open += 1
+        self._count_start(server, spec, context)
 
     def suspend(self, gen_id: str) -> None:
         gen = self._gens[gen_id]
@@ -197,25 +208,58 @@ class RemoteEngine(Engine):
             raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
         return budget if room is None else min(budget, room)
 
-    def _place(self, gen_id: str) -> RemoteServer:
-        """The answering server with the fewest open streams, then the most free KV."""
+    def _place(self, gen_id: str, prompt_ids: list[int]) -> RemoteServer:
+        """Where the prompt's leading blocks are cached, among the answering servers with room within
+        ``BALANCE_SLACK`` streams of the least busy; then the fewest open streams, then the most free KV."""
         answering = [s for s in self._servers if s.down is None and s.served is not None]
+        for server in self._servers:
+            if server.down is not None:
+                self._prefixes[server.url].clear()
         if not answering:
             causes = "; ".join(f"{s.url}: {s.down}" for s in self._servers)
             raise EngineRejected(f"{gen_id}: no remote server answers ({causes})")
-        return min(answering, key=lambda s: (s.open, -self._free_on(s)))
+        least = min(s.open for s in answering)
+        near = [s for s in answering if s.open - least <= BALANCE_SLACK and s.open < self._settings.max_num_seqs]
+        return min(near or answering, key=lambda s: (-self._prefixes[s.url].cached_blocks(prompt_ids), s.open,
+                                                     -self._free_on(s)))
+
+    def _count_start(self, server: RemoteServer, spec: GenerationSpec, context: list[int]) -> None:
+        """What this start asks of the server's prefix cache; the context it will have computed."""
+        if spec.output_ids:
+            reusable = len(context) - 1 - trailing_observation(spec.observed, len(spec.output_ids))
+            self._asked[server.url] += PrefixCacheCounts(resumed_tokens=max(reusable, 0), resumes=1)
+        else:
+            self._asked[server.url] += PrefixCacheCounts(first_start_tokens=len(context))
+        self._prefixes[server.url].add(context)
+
+    def prefix_cache_counts(self) -> dict[str, PrefixCacheCounts]:
+        """Per answering server: its prefix-cache metrics now, with what this engine asked of it so far; servers
+        whose metrics do not count the prefix cache are left out."""
+        counts = {}
+        for server in self._servers:
+            try:
+                answer = self._client.get(f"{server.url}/metrics") if server.down is None else None
+            except httpx.HTTPError:
+                continue
+            found = prefix_cache_metrics(answer.text) if answer is not None and answer.status_code == 200 else None
+            if found is not None:
+                counts[server.url] = self._asked[server.url] + PrefixCacheCounts(*found)
+        return counts
 
     def _free_on(self, server: RemoteServer) -> int:
-        served = server.served
-        if served is None:
+        if server.served is None:
             return 0
-        if served.kv_blocks and served.block_size:
-            capacity = served.kv_blocks * served.block_size // self.block_size
-        else:
-            capacity = self._settings.max_num_seqs * self.blocks_for(self._max_model_len or 4096)
         held = sum(self.blocks_for(g.context_tokens) for g in self._gens.values()
                    if g.server is server and g.live is not None)
-        return capacity - held
+        return self._capacity(server) - held
+
+    def _capacity(self, server: RemoteServer) -> int:
+        """The server's KV cache in this engine's blocks: what its metrics say, else its batch cap of full
+        contexts (a server that has not answered yet: the same)."""
+        served = server.served
+        if served is not None and served.kv_blocks and served.block_size:
+            return served.kv_blocks * served.block_size // self.block_size
+        return self._settings.max_num_seqs * self.blocks_for(self._max_model_len or 4096)
 
     def _close(self, gen: _Generation) -> None:
         """The stream ends (cancelled if still open); its late events are dropped."""
@@ -224,6 +268,7 @@ class RemoteEngine(Engine):
         gen.live = None
         gen.stream += 1
         gen.server.open -= 1
+        self._prefixes[gen.server.url].add((gen.spec.prompt_ids + gen.output_ids)[:-1])
 
     def _apply(self, gen_id: str, stream: int, chunk: Chunk | None, cause: str | None, result: StepOutput) -> None:
         gen = self._gens.get(gen_id)
@@ -236,7 +281,7 @@ class RemoteEngine(Engine):
         assert chunk is not None  # an event holds a chunk or a cause
         if gen.awaiting_first:
             gen.awaiting_first = False
-            result.started[gen_id] = ResumeInfo(gen.context_tokens, 0)  # the server does not say what it cached
+            result.started[gen_id] = ResumeInfo(gen.context_tokens, 0, reported=False)
         if chunk.finish_reason == "stop" and chunk.token_ids and isinstance(self.tokenizer, ServerTokenizer) and \
                 chunk.stop_reason in (None, chunk.token_ids[-1]):
             self.tokenizer.saw_end(chunk.token_ids[-1])  # vLLM's last token at EOS (reason None) or a stop token

@@ -5,6 +5,7 @@ DiagnosticArray, each named after the node:
   is, and a level with the reason. ERROR: the last configure failed (its reason), or the server loop is gone.
   WARN: the engine is loading, urgent goals missed their deadline in the last minute, the queue holds more
   generations than QUEUE_WARN_FACTOR batches, or the last engine step took longer than SLOW_STEP_S.
+  Its values include the share of resumed context served from kept or cached KV, where the engine reports it.
 - ``<node>: robot type <type>``, one per robot type: goals served, deadline misses in the last minute (urgent
   ones apart: ``served``), mean response. WARN while urgent goals of the type missed their deadline. No
   hardware_id (a robot type is no hardware).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
+from timely_llm.core.kv_reuse import KvReuse
 from timely_llm.engines.base import ServerHealth
 from timely_llm.ros.served import WINDOW_S, RobotTypeLine
 
@@ -53,6 +55,7 @@ class Snapshot:
     kv_free_blocks: int = -1
     kv_blocks: int = -1
     loop_alive: bool = True
+    kv_reuse: KvReuse | None = None
     robot_types: list[RobotTypeLine] = field(default_factory=list)
     servers: list[ServerHealth] = field(default_factory=list)
 
@@ -124,4 +127,7 @@ def _server_status(s: Snapshot) -> DiagnosticStatus:
               "batch cap": s.batch_cap,
               "last step time (s)": "" if math.isnan(s.last_step_s) else f"{s.last_step_s:.4f}",
               "KV free blocks": "" if s.kv_free_blocks < 0 else f"{s.kv_free_blocks} of {s.kv_blocks}"}
+    if s.kv_reuse is not None and s.kv_reuse.share is not None:
+        values |= {"resumed context from kept or cached KV (%)": f"{100 * s.kv_reuse.share:.1f}",
+                   "resumed context tokens recomputed": s.kv_reuse.recomputed}
     return _status(level, f"{s.node}: server", message, s.node, values)

@@ -80,6 +80,7 @@ class StatusReporter:
         snap.robot_types = self._ledger.served.lines(list(server.robots))
         snap.queue, snap.running, snap.policy, snap.batch_cap = (view.counts.queued, view.counts.running, view.policy,
                                                                  view.batch_cap)
+        snap.kv_reuse = view.kv_reuse
         snap.executing = self._ledger.executing()
         snap.last_step_s = self._loop.last_step_s
         snap.loop_alive = self._loop.alive()

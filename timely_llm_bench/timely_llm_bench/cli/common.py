@@ -84,6 +84,7 @@ def _progress(label: str, total: int, period_s: float = PROGRESS_PERIOD_S,
 
 
 def _print_summary(result: dict) -> None:
+    from timely_llm.core.kv_reuse import KvReuse
     from timely_llm_bench.evaluation.metrics import fmt_metric as fmt
 
     print(f"{result['policy']} on {result['workload']} ({result['hw']}, seed {result['seed']}):")
@@ -93,6 +94,8 @@ def _print_summary(result: dict) -> None:
                 if s.get("shed") or killed else "")
         print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
               f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s{shed}")
+    if result["counters"]:
+        print(f"  {KvReuse.of(result['counters']).describe()}")
 
 
 BURSTY_MAX_BATCH = 8

@@ -57,6 +57,9 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-engines", nargs="+", default=[VLLM_ENGINE.name], choices=NODE_ENGINES,
                    help="the node's engines: vllm (embedded, a fresh engine each round), remote (the remote engine "
                         "driving the first --serve-configs server, after its streaming robots) (default: vllm)")
+    p.add_argument("--servers", type=_positive_int, default=1,
+                   help="servers the remote engine drives: the first --serve-configs server and more started alike "
+                        "on the next ports, for the node alone (default 1)")
     p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
     p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
     p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
@@ -92,6 +95,8 @@ def _peer_bench(args: argparse.Namespace) -> int:
         raise ConfigError("--out", None, "is required unless --from is given")
     if REMOTE_ENGINE.name in args.node_engines and not args.serve_configs:
         raise ConfigError("--node-engines remote", None, "drives a vllm serve of --serve-configs: name one")
+    if args.servers > 1 and REMOTE_ENGINE.name not in args.node_engines:
+        raise ConfigError("--servers", None, "are for the remote engine: add --node-engines remote")
     _quiet_vllm_logging()
     bench = _peer_bench_of(args)
 
@@ -124,14 +129,15 @@ def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
         workloads = [dataclasses.replace(w, requests=w.requests[:args.first]) for w in workloads]
     return PeerBench(engine, workloads, load_skill_models(None), catalog, tuple(args.serve_configs),
                      tuple(args.policies), args.rounds, args.port, args.reserved_cpus, Path(args.out).resolve().parent,
-                     node_engines=tuple(args.node_engines))
+                     node_engines=tuple(args.node_engines), servers=args.servers)
 
 
 def _print_peer_runs(runs: list[Run]) -> None:
-    from timely_llm_bench.evaluation.peer_bench import first_segments, machine_loads, table
+    from timely_llm_bench.evaluation.peer_bench import first_segments, kv_reuse, machine_loads, table
 
     print(table(runs))
     print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
+    print("\nWhat the node's resumes reused:\n" + kv_reuse(runs))
     print("\nThe machine during the runs:\n" + machine_loads(runs))
 
 

@@ -32,11 +32,13 @@ from pathlib import Path
 
 from timely_llm.clock import WallClock
 from timely_llm.core.features import DEFAULT as DEFAULT_FEATURES
+from timely_llm.core.kv_reuse import KvReuse
 from timely_llm.core.policies import TIMELYLLM, VLLM_STREAM
 from timely_llm.core.priority import request_priority
 from timely_llm.core.request import Outcome
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.registry import REMOTE_ENGINE, VLLM_ENGINE
+from timely_llm.engines.remote_prefixes import PrefixCacheCounts
 from timely_llm.plan.grammar import PlanGrammar, plan_grammar
 from timely_llm.plan.segmenter import Segmenter
 from timely_llm.plan.skills import SkillModel
@@ -464,6 +466,36 @@ def first_segment_times(log: dict, request_id: str) -> tuple[float, ...]:
             dispatched - arrival - sum(s[3] for s in steps))
 
 
+def prefix_cache_delta(before: dict[str, PrefixCacheCounts], after: dict[str, PrefixCacheCounts]) -> dict[str, list]:
+    """Per server, what its prefix cache counted over a run (``PrefixCacheCounts`` fields), from its counts before
+    and after."""
+    return {url: list((counts - before[url]).fields()) for url, counts in after.items() if url in before}
+
+
+def run_kv_reuse(log: dict) -> KvReuse:
+    """What a node run's resumes reused: the engine's reports (embedded, simulator), else its servers' metrics."""
+    servers = log.get("prefix_cache")
+    if not servers:
+        return KvReuse.of(log.get("counters", {}))
+    total = sum((PrefixCacheCounts(*fields) for fields in servers.values()), PrefixCacheCounts())
+    return KvReuse(total.resumes, total.resumed_tokens, total.resumed_hits_at_least, at_least=True)
+
+
+def kv_reuse(runs: list[Run]) -> str:
+    """One line per node run: the share of resumed context served from kept or cached KV, and the tokens
+    recomputed; on the remote engine with each server's prefix-cache hit rate over the run."""
+    lines = []
+    for run in sorted((r for r in runs if r.log), key=lambda r: (r.workload, r.side, r.config, r.round)):
+        assert run.log is not None  # the runs with a step log only
+        servers = run.log.get("prefix_cache") or {}
+        rates = [f"{url} {100 * c.hits / c.queries:.1f}% of {c.queries} tokens looked up"
+                 for url, c in ((u, PrefixCacheCounts(*f)) for u, f in servers.items()) if c.queries]
+        where = f"; server prefix cache hits: {', '.join(rates)}" if rates else ""
+        lines.append(f"{run.workload} {run.side} {run.config} round {run.round}: "
+                     f"{run_kv_reuse(run.log).describe()}{where}")
+    return "\n".join(lines)
+
+
 def _row_order(key: tuple[str, str, str]) -> tuple:
     workload, side, config = key
     return workload, side not in ("node", NODE_REMOTE), side, config
@@ -498,6 +530,8 @@ class PeerBench:
     log_dir: Path = Path(".")
     start_timeout: float = 900.0
     node_engines: tuple[str, ...] = (VLLM_ENGINE.name,)
+    servers: int = 1
+    """Servers the remote engine drives: the streaming robots' one, and more started alike for the node alone."""
     runs: list[Run] = field(default_factory=list)
     prompt_ids_match: bool | None = None
     """Whether the node's tokenizer gave every prompt the ids the robots sent ``vllm serve``."""
@@ -563,8 +597,12 @@ class PeerBench:
         from timely_llm.engines.remote import RemoteEngine
         from timely_llm.engines.remote_settings import RemoteSettings
 
-        progress(f"round {round_}: the node on the remote engine at {server.url}")
-        engine = RemoteEngine(RemoteSettings((server.url,), tokenizer=self.engine.model_dir,
+        more = [ServeProcess(self.engine, self.port + i, False, self.reserved_cpus,
+                             self.log_dir / f"vllm-serve-more-{i}-{round_}.log", self.start_timeout)
+                for i in range(1, self.servers)]
+        urls = (server.url, *(s.url for s in more))
+        progress(f"round {round_}: the node on the remote engine at {', '.join(urls)}")
+        engine = RemoteEngine(RemoteSettings(urls, tokenizer=self.engine.model_dir,
                                              max_num_seqs=self.engine.max_batch))
         try:
             step_profile = estimator_profile(None, False, self.engine.model, "")
@@ -572,14 +610,18 @@ class PeerBench:
             for workload in self.workloads:
                 for policy in self.policies:
                     log: dict = {}
+                    before = engine.prefix_cache_counts()
                     records = node_replay(engine, workload, list(workload.requests), policy, self.skills,
                                           self.catalog, self.engine, step_profile, log)
+                    log["prefix_cache"] = prefix_cache_delta(before, engine.prefix_cache_counts())
                     runs.append(Run(NODE_REMOTE, policy, workload.name, round_, records, log))
             self._record(Run(NODE_REMOTE, FLOOR, "tasks", round_, floor), progress)
             for run in runs:
                 self._record(run, progress)
         finally:
             engine.close()
+            for extra in more:
+                extra.close()
 
     def _node_round(self, round_: int, progress) -> None:  # noqa: ANN001
         from timely_llm.engines.hardware import estimator_profile
@@ -622,7 +664,7 @@ class PeerBench:
 
     def to_json(self) -> dict:
         return {"engine": vars(self.engine), "rounds": self.rounds, "serve_configs": list(self.serve_configs),
-                "policies": list(self.policies), "node_engines": list(self.node_engines),
+                "policies": list(self.policies), "node_engines": list(self.node_engines), "servers": self.servers,
                 "reserved_cpus": self.reserved_cpus,
                 "prompt_ids_match": self.prompt_ids_match,
                 "workloads": [w.to_json() for w in self.workloads], "runs": [r.to_json() for r in self.runs]}
