@@ -21,7 +21,7 @@ from timely_llm.core.policies import POLICIES, VLLM_STREAM
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
-from timely_llm.engines.sim import SimEngine
+from timely_llm.engines.sim_remote import simulator
 from timely_llm.plan.skills import SIMULATED_VALUES, SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import Action, Driver, ServerConfig, build_server
@@ -83,7 +83,7 @@ class EngineSetup:
     def simulator(cls, profile: HardwareProfile, suspends_in_place: bool = False) -> EngineSetup:
         """A fresh simulator per run; ``suspends_in_place`` models embedded vLLM's suspension (KV kept)."""
         name = f"{profile.name}-in-place" if suspends_in_place else profile.name
-        return cls(name, lambda: SimEngine(profile, suspends_in_place=suspends_in_place), VirtualClock, profile)
+        return cls(name, lambda: simulator(profile, suspends_in_place=suspends_in_place), VirtualClock, profile)
 
     @classmethod
     def real(cls, name: str, engine: Engine, profile: HardwareProfile | None = None) -> EngineSetup:
