@@ -161,7 +161,8 @@ def test_the_remote_paths_simulator_replays_the_plans_the_remote_run_generated()
     from timely_llm.engines.sim_remote import RemoteSimEngine
 
     catalog, skills = load_catalog(), load_skill_models()
-    profile = replace(load_profile("cpu-2core-smollm2-135m"), http={"request_overhead": 0.01, "token_delay": 0.001})
+    profile = replace(load_profile("cpu-2core-smollm2-135m"), http={"request_overhead": 0.01, "token_delay": 0.001,
+                                                                          "servers": 1.0})
     workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
     workload = type(workload)(workload.name, workload.network_latency, workload.requests[:16])
     engine = RemoteSimEngine(profile)

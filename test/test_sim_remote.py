@@ -21,7 +21,7 @@ STEP = {"base": 0.010, "per_prefill_token": 0.001, "per_prefill_attention": 0.0,
 """A step: 10 ms, 1 ms per prefilled token, 2 ms per decoding sequence."""
 MEMORY = {"total_gib": 1.0, "weights_gib": 0.0, "reserved_gib": 0.0, "kv_bytes_per_token": 1024.0,
           "block_tokens": 4.0}
-HTTP = {"request_overhead": 0.022, "token_delay": 0.005}
+HTTP = {"request_overhead": 0.022, "token_delay": 0.005, "servers": 1.0}
 PROFILE = HardwareProfile("remote-test", STEP, MEMORY, 512, http=HTTP)
 PROMPT = list(range(100, 108))  # 8 tokens: two full blocks
 
@@ -105,6 +105,8 @@ def test_the_sim_engine_of_a_profile_with_an_http_section_is_the_remote_path(tmp
 
 @pytest.mark.parametrize("http, said", [({"request_overhead": 0.01}, r"http\.token_delay: must be a number"),
                                           ({"request_overhead": -1, "token_delay": 0}, "request_overhead"),
+                                          ({"request_overhead": 0, "token_delay": 0, "servers": 1.5},
+                                           r"http\.servers: must be a whole number >= 1, got 1\.5"),
                                           ("fast", "http: missing or not a mapping")])
 def test_a_bad_http_section_is_refused_in_one_line(tmp_path: Path, http, said):
     path = tmp_path / "bad.yaml"
@@ -112,6 +114,24 @@ def test_a_bad_http_section_is_refused_in_one_line(tmp_path: Path, http, said):
     with pytest.raises(ConfigError, match=said) as refused:
         load_profile(str(path))
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+
+
+def test_two_servers_step_side_by_side_and_a_resume_goes_back_where_its_kv_is():
+    engine = RemoteSimEngine(replace(PROFILE, http={**HTTP, "servers": 2.0}), SimTokenizer())
+    engine.start(_spec("a"))
+    engine.start(_spec("b", prompt=list(range(200, 208))))  # the other server: it has fewer generations
+    steps = [engine.step() for _ in range(4)]
+    # each server prefills its own at 22 ms (18 ms), then decodes it alone every 12 ms: the second server's step
+    # ends with the first's, so its tokens come with them (0 s more)
+    assert [s.duration for s in steps] == pytest.approx([0.045, 0.0, 0.012, 0.0])
+    assert [list(s.new_tokens) for s in steps] == [["a"], ["b"], ["a"], ["b"]]
+    engine.suspend("b")
+    engine.start(_spec("c", prompt=list(range(300, 308))))  # b's server is the emptier one now
+    engine.start(_spec("b", output=[1, 2], prompt=list(range(200, 208))))
+    resumed = [engine.step() for _ in range(4)]  # both land 22 ms on, after a's server's third step has begun
+    assert [sorted(s.started) for s in resumed] == [[], [], [], ["b", "c"]]
+    info = resumed[3].started["b"]
+    assert (info.context_tokens, info.cached_tokens) == (10, 8)  # its server kept its blocks in the prefix cache
 
 
 def test_a_lone_request_through_the_server_loop_responds_later_by_the_overhead_and_the_delay():

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from timely_llm.engines.hardware import HTTP_TERMS, HardwareProfile
+from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.profile_fit import Sample, fit_profile
 from timely_llm.engines.remote_servers import RemoteServer, ServedModel, failure_cause, parse_line, request_body
 from timely_llm.errors import ConfigError
@@ -188,5 +188,5 @@ def fit_server_profile(timings: ServerTimings, name: str, memory: dict[str, floa
         memory["total_gib"] = memory["weights_gib"] + memory["reserved_gib"] + kv_gib
     profile = fit_profile(timings.samples, name, memory, served.max_model_len or 2048, relative=True)
     overhead = max(statistics.median(timings.first_token_extras) - timings.token_delay, 0.0)
-    http = dict(zip(HTTP_TERMS, (overhead, timings.token_delay), strict=True))
+    http = {"request_overhead": overhead, "token_delay": timings.token_delay, "servers": 1.0}
     return replace(profile, http=http, tokenizer=served.model if served.model in MODEL_NAMES else None)
