@@ -20,6 +20,7 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import httpx
@@ -40,14 +41,14 @@ REPEATS = 3
 """Each first-token measurement is the median of this many requests."""
 ROUND_TRIPS = 20
 VOCAB_FLOOR = 10
-_METRIC = r"^{name}(?:\{{[^}}]*\}})? (?P<value>\S+)$"
+_METRIC_LINE = r"^{name}(?:\{{[^}}]*\}})? (?P<value>\S+)$"
 QUEUE_METRIC = "vllm:request_queue_time_seconds_sum"
 PREFILL_METRIC = "vllm:request_prefill_time_seconds_sum"
 
 
 @dataclass(frozen=True)
 class ServerTimings:
-    """What ``measure_server`` measured: the step samples, and per first-token request the seconds the client
+    """What ``measure_server`` measured: the step samples, and per first-token measurement the seconds the client
     waited beyond the server's queue and prefill (the request's overhead plus the token's delay)."""
 
     served: ServedModel
@@ -110,7 +111,7 @@ class HttpProbe:
     def _body(self, prompt: list[int], max_tokens: int) -> dict:
         return request_body(self.served.model, self.served.api, prompt, max_tokens, None, 0)
 
-    def _stream(self, client: httpx.Client, body: dict, on_tokens) -> None:  # noqa: ANN001 - a callback
+    def _stream(self, client: httpx.Client, body: dict, on_tokens: Callable[[int], None]) -> None:
         with client.stream("POST", f"{self.server.url}/v1/completions", json=body) as answer:
             if answer.status_code != 200:
                 raise RuntimeError(f"{self.server.url}: HTTP {answer.status_code} {answer.read()[:200]!r}")
@@ -121,7 +122,7 @@ class HttpProbe:
 
     def _metrics_sum(self, name: str) -> float:
         text = self.client.get(f"{self.server.url}/metrics").text
-        values = re.findall(_METRIC.format(name=re.escape(name)), text, re.MULTILINE)
+        values = re.findall(_METRIC_LINE.format(name=re.escape(name)), text, re.MULTILINE)
         if not values:
             raise ConfigError("--url", None, f"{self.server.url}/metrics has no {name}: the profile needs vLLM's "
                                              "request metrics (do not start it with --disable-log-stats)")

@@ -8,6 +8,10 @@ steps, decode steps, empty steps, outside the engine: ``peer_bench.first_segment
 step times by kind and batch, the (re)starts and what they cost the loop, and the suspensions. The
 simulator runs twice: as its profile says (the CPU profile tokenizes as the model does) and with the
 stand-in ``SimTokenizer``, to show what token counts change.
+
+On the remote engine (``vllm serve``), which cannot force recorded plans, each plan is generated under its grammar
+(greedy); the simulator of the remote path (a profile with an http section) then replays the plans that run
+generated (``replayed_remote``), and ``error_lines`` sets each mean response beside the real one.
 """
 
 from __future__ import annotations
