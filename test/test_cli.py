@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from timely_llm.cli import build_parser, main
 from timely_llm.core.policies import POLICIES
+from timely_llm.engines.hardware import load_profile
 from timely_llm_bench.evaluation.harness import BENCH_POLICIES, BENCH_POLICY_HELP
 
 
@@ -79,6 +81,11 @@ ORIN = "jetson-orin-nx-16gb-llama32-3b-q4"
     (["sched-overhead", "--sizes", "10", "-5"], ["--sizes"]),
     (["profile", "--max-model-len", "100", "--out", "{tmp}/hw.yaml"], ["--max-model-len", "128"]),
     (["profile", "--out", "/nonexistent_dir/hw.yaml"], ["/nonexistent_dir"]),
+    (["profile", "--model", "/no/model", "--out", "{tmp}/hw.yaml"], ["--model", "no such model directory"]),
+    (["profile", "--url", "http://127.0.0.1:9", "--max-model-len", "512", "--out", "{tmp}/hw.yaml"],
+     ["--url", "not taken"]),
+    (["fidelity", "--url", "http://127.0.0.1:9", "--hw", "{tmp}/box.yaml", "--first", "2"],
+     ["--url", "no remote server answers", "http://127.0.0.1:9"]),
     (["fleet", "--duration", "0"], ["--duration"]),
     (["fleet", "--domain-id", "999"], ["--domain-id", "0-232"]),
     (["fleet", "--out", "/nonexistent_dir/f.json"], ["/nonexistent_dir"]),
@@ -101,6 +108,8 @@ ORIN = "jetson-orin-nx-16gb-llama32-3b-q4"
 def test_bad_arguments_fail_fast_on_one_line(argv: list[str], needles: list[str], tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str], no_runs: None) -> None:
     (tmp_path / "result.json").write_text("{}")
+    (tmp_path / "box.yaml").write_text(yaml.safe_dump({**load_profile("cpu-2core-smollm2-135m").to_dict(),
+                                                       "http": {"request_overhead": 0.01, "token_delay": 0.001}}))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code, err = run(argv, capsys)
     assert_one_line_error(code, err, *[n.replace("{tmp}", str(tmp_path)) for n in needles])

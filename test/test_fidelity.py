@@ -149,3 +149,30 @@ def test_generations_suspended_at_a_full_batch_cap_keep_their_kv_in_the_slots_be
     paused in vLLM's extra slots, so no resume prefills again (the tax normal robots paid at capped batches)."""
     run = _replay_burst_at_cap_2(paused_slots=None)
     assert run.log["suspends"] > 0 and run.log["reprefilled"] == 0
+
+
+def test_the_remote_paths_simulator_replays_the_plans_the_remote_run_generated() -> None:
+    """A stand-in for a remote run (the remote path's simulator, each plan cut to its first half as if the server
+    had generated another plan than the recorded one): its replay forces those plans, not the recorded ones, so it
+    gives the same figures and an error of 0.0%."""
+    from dataclasses import replace
+
+    from timely_llm.clock import VirtualClock
+    from timely_llm.engines.sim_remote import RemoteSimEngine
+
+    catalog, skills = load_catalog(), load_skill_models()
+    profile = replace(load_profile("cpu-2core-smollm2-135m"), http={"request_overhead": 0.01, "token_delay": 0.001,
+                                                                          "servers": 1.0})
+    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    workload = type(workload)(workload.name, workload.network_latency, workload.requests[:16])
+    engine = RemoteSimEngine(profile)
+    halves = {r.id: (ids := engine.tokenizer.encode(catalog[r.trace].plan))[:len(ids) // 2] for r in workload.requests}
+    real = fidelity.replay(fidelity.REMOTE, engine, VirtualClock(), profile, workload, "timelyllm", skills, catalog,
+                           0, 8, forced_plans=halves)
+    assert real.log["sampled"] == halves
+    [again] = fidelity.replayed_remote(profile, [real], workload, skills, catalog, 0, 8)
+    assert again.engine == fidelity.SIM_REMOTE and again.log["sampled"] == halves
+    assert [r["completion_time"] for r in again.result["requests"]] == [r["completion_time"]
+                                                                         for r in real.result["requests"]]
+    lines = fidelity.error_lines([real, again], fidelity.REMOTE, fidelity.SIM_REMOTE)
+    assert any(line.startswith("timelyllm urgent: vllm serve ") and line.endswith("error +0.0%") for line in lines)

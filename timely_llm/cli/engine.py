@@ -114,10 +114,17 @@ def _stdout_to_stderr():  # noqa: ANN202 - context manager
 
 
 def _add_profile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, type=_model_dir,
-                   help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--memory-from", default=DEFAULT_HW,
-                   help="profile whose memory section is kept, but for its block size: the engine's")
+    p.add_argument("--model", default=None,
+                   help="smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory; with "
+                        "--url, the served model's name (default: the server's only one)")
+    p.add_argument("--url", default=None,
+                   help="profile a running vllm serve at this URL (http://host:port[/v1]) through its streams, for the "
+                        "simulator of the remote path (needs neither vLLM nor torch here)")
+    p.add_argument("--api-key-env", default="", help="with --url: the environment variable holding its bearer token")
+    p.add_argument("--memory-from", default=None,
+                   help=f"profile whose memory section is kept, but for its block size: the engine's (default "
+                        f"{DEFAULT_HW}; with --url, the shipped fit of the served model where there is one, and the "
+                        "server's KV blocks)")
     p.add_argument("--max-model-len", type=_positive_int, default=None,
                    help=f"vLLM max_model_len, at least {MIN_PROFILE_MODEL_LEN} (default: vllm.max_model_len of "
                         "config/timely_llm.yaml)")
@@ -127,28 +134,56 @@ def _add_profile(p: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        return _profile_server(args)
     from timely_llm.engines.hardware import load_profile, save_profile
     from timely_llm.engines.vllm_args import shipped_vllm_args
 
+    try:
+        model = _model_dir(args.model or DEFAULT_MODEL)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError("--model", None, str(exc)) from None
     given = dict(args.vllm_arg)
     max_model_len = args.max_model_len or given.get("max_model_len") or shipped_vllm_args().get("max_model_len")
     if not isinstance(max_model_len, int) or max_model_len < MIN_PROFILE_MODEL_LEN:
         raise ConfigError("--max-model-len", None, f"must be at least {MIN_PROFILE_MODEL_LEN}")
-    memory = dict(load_profile(args.memory_from).memory)
+    memory = dict(load_profile(args.memory_from or DEFAULT_HW).memory)
     _quiet_vllm_logging()
     from timely_llm.engines.profile_fit import fit_profile, measure_steps
 
     length = {"max_model_len": ("--max-model-len", args.max_model_len)} if args.max_model_len else {}
-    engine = _vllm_engine(args.model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, options=length)
+    engine = _vllm_engine(model, args.vllm_arg, kv_cache_gib=PROFILE_KV_GIB, options=length)
     lengths = [n for n in (64, 128, 256, 512, 1024, 1536) if n < max_model_len - 8]
     contexts = tuple(n for n in (256, 1024) if n < max_model_len - 80)
     samples = measure_steps(engine, lengths, [1, 2, 4, 8, 16, 32], contexts=contexts)
     memory["block_tokens"] = float(engine.block_size)  # the prefix cache hits whole blocks of the engine's size
     engine.close()
     profile = fit_profile(samples, Path(args.out).stem, memory, max_model_len)
-    if args.model in MODEL_NAMES:  # simulated with the model's token counts
-        profile = dataclasses.replace(profile, tokenizer=args.model)
+    if model in MODEL_NAMES:  # simulated with the model's token counts
+        profile = dataclasses.replace(profile, tokenizer=model)
     save_profile(profile, args.out)
     for term, value in profile.step.items():
         print(f"{term:24s} {value:.3e}")
+    return 0
+
+
+def _profile_server(args: argparse.Namespace) -> int:
+    """``profile --url``: the step terms and the http section of a server, measured through its streams."""
+    if args.vllm_arg or args.max_model_len:
+        raise ConfigError("--url", None, "the server's own settings apply: --vllm-arg and --max-model-len are not "
+                                         "taken with it")
+    from timely_llm.engines.hardware import FITTED_PROFILES, load_profile, save_profile
+    from timely_llm.engines.profile_http import HttpProbe, fit_server_profile, measure_server
+
+    probe = HttpProbe(args.url, args.model or "", args.api_key_env)
+    memory = dict(load_profile(args.memory_from or FITTED_PROFILES.get(probe.served.model, DEFAULT_HW)).memory)
+    print(f"profiling {probe.served.model} at {probe.server.url} (about a minute on a CPU)", file=sys.stderr)
+    timings = measure_server(probe)
+    profile = fit_server_profile(timings, Path(args.out).stem, memory)
+    save_profile(profile, args.out)
+    for term, value in (profile.step | (profile.http or {})).items():
+        print(f"{term:24s} {value:.3e}")
+    print("measured vs fitted step (ms): " + ", ".join(
+        f"{1e3 * seconds:.1f}/{1e3 * profile.step_time(prefills, decodes):.1f}"
+        for prefills, decodes, _, seconds in timings.samples))
     return 0

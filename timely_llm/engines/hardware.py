@@ -17,6 +17,11 @@ prompt). On a CPU such a block is read from memory once and then from the proces
 ``per_kv_reread`` is well below ``per_kv_token`` (vLLM CPU, SmolLM2, batch 8 over 960-token contexts sharing
 896: 42 ms a step against 56 ms with nothing shared). A profile that leaves it out pays ``per_kv_token`` for
 every token. KV memory is ``(total - weights - reserved)`` GiB split into blocks of ``block_tokens``.
+
+An optional ``http:`` section makes it a profile of a server behind HTTP (``vllm serve``, the remote engine): its
+``HTTP_TERMS`` are the seconds from a (re)start's POST to the request in the server's running set, and from the
+end of the server's step to its tokens at the node, and how many such servers the node drives (default 1; the
+steps and memory are each one's). ``sim_remote.py`` models the path.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ STEP_TERMS = ("base", "per_prefill_token", "per_prefill_attention", "per_decode_
 OPTIONAL_STEP_TERMS = {"prefill_stall": 0.0}
 """Step terms a profile may leave out, with their defaults (and ``per_kv_reread``: its ``per_kv_token``)."""
 MEMORY_TERMS = ("total_gib", "weights_gib", "reserved_gib", "kv_bytes_per_token", "block_tokens")
+HTTP_TERMS = ("request_overhead", "token_delay", "servers")
 FITTED_PROFILES = {"smollm2": "cpu-2core-smollm2-135m"}
 """Shipped profiles ``timely-llm profile`` fitted to a model on vLLM CPU: by default, the step-time model of
 TimeBill's estimator (feature timebill) when that model serves."""
@@ -49,6 +55,8 @@ class HardwareProfile:
     tokenizer: str | None = None
     """A shipped model (``MODEL_NAMES``) whose tokenizer the simulator uses, so that prompts and plans have
     that model's token counts; None: the stand-in ``SimTokenizer`` (Llama-3-like counts)."""
+    http: dict[str, float] | None = None
+    """``HTTP_TERMS`` of a server behind HTTP; None: the engine is embedded in the node."""
 
     @property
     def block_tokens(self) -> int:
@@ -81,7 +89,8 @@ class HardwareProfile:
 
     def to_dict(self) -> dict:
         return {"name": self.name, **({"tokenizer": self.tokenizer} if self.tokenizer else {}), "step": self.step,
-                "memory": self.memory, "max_model_len": self.max_model_len}
+                "memory": self.memory, "max_model_len": self.max_model_len,
+                **({"http": self.http} if self.http is not None else {})}
 
 
 def estimator_profile(given: str | None, simulated: bool, model: str | None, hw: str) -> HardwareProfile | None:
@@ -115,7 +124,10 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     tokenizer = data.get("tokenizer")
     if tokenizer is not None and tokenizer not in MODEL_NAMES:
         raise ConfigError(source, "tokenizer", f"must be one of {', '.join(MODEL_NAMES)}, got {tokenizer!r}")
-    profile = HardwareProfile(str(data.get("name", path.stem)), step, memory, max_len, tokenizer)
+    http = _numbers(data, "http", HTTP_TERMS, source, {"servers": 1}) if "http" in data else None
+    if http is not None and (http["servers"] < 1 or not http["servers"].is_integer()):
+        raise ConfigError(source, "http.servers", f"must be a whole number >= 1, got {http['servers']:g}")
+    profile = HardwareProfile(str(data.get("name", path.stem)), step, memory, max_len, tokenizer, http)
     if profile.num_kv_blocks <= 0:
         raise ConfigError(source, "memory", "no memory left for the KV cache")
     return profile

@@ -102,10 +102,15 @@ def _decode_samples(engine: Engine, batch: int, context: int, decode_steps: int,
     return samples
 
 
-def fit_profile(samples: list[Sample], name: str, memory: dict[str, float], max_model_len: int) -> HardwareProfile:
-    """Without a step that rereads shared KV the fit cannot tell ``per_kv_reread``: it is ``per_kv_token``."""
+def fit_profile(samples: list[Sample], name: str, memory: dict[str, float], max_model_len: int,
+                relative: bool = False) -> HardwareProfile:
+    """Without a step that rereads shared KV the fit cannot tell ``per_kv_reread``: it is ``per_kv_token``.
+    ``relative``: least squares of the relative errors, so that a few steps of tens of ms weigh as much as a few of
+    seconds (a server's profile has a dozen samples, not hundreds)."""
     rows = np.array([_features(prefills, decodes, reread) for prefills, decodes, reread, _ in samples])
     times = np.array([t for *_, t in samples])
+    if relative:
+        rows, times = rows / times[:, None], np.ones_like(times)
     rereads = bool(rows[:, -1].any())
     coef = _nnls(rows if rereads else rows[:, :-1], times)
     step = dict(zip(STEP_TERMS, map(float, coef), strict=False))

@@ -81,9 +81,9 @@ def _remote(settings: EngineSettings) -> Engine:
 
 def _sim(settings: EngineSettings) -> Engine:
     from timely_llm.engines.hardware import load_profile
-    from timely_llm.engines.sim import SimEngine
+    from timely_llm.engines.sim_remote import simulator
 
-    return SimEngine(load_profile(settings.param("hw_profile")))
+    return simulator(load_profile(settings.param("hw_profile")))
 
 
 VLLM_ENGINE = EngineKind("vllm", "embedded vLLM on the installed build's device (GPU or CPU)",
@@ -92,7 +92,8 @@ VLLM_ENGINE = EngineKind("vllm", "embedded vLLM on the installed build's device 
 REMOTE_ENGINE = EngineKind("remote", "OpenAI-compatible vLLM servers at remote.url",
                     "one or more reachable vllm serve servers: remote.url", _remote, prefix=REMOTE_PREFIX,
                     model_parameter=REMOTE_PREFIX + "model", loads=("at", REMOTE_PREFIX + "url"))
-SIM_ENGINE = EngineKind("sim", "calibrated simulator, replays LRTrace plans",
+SIM_ENGINE = EngineKind("sim", "calibrated simulator, replays LRTrace plans (of a remote server where its "
+                        "hw_profile has an http section)",
                  "nothing installed; goals with a trace_id; a hardware profile: hw_profile", _sim, simulated=True)
 
 ENGINES = {kind.name: kind for kind in (VLLM_ENGINE, REMOTE_ENGINE, SIM_ENGINE)}

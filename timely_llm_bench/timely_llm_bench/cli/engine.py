@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,9 +33,13 @@ from timely_llm_bench.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from timely_llm.engines.base import Engine
+    from timely_llm.engines.hardware import HardwareProfile
     from timely_llm.plan.skills import SkillModel
     from timely_llm.traces import TraceCatalog
-    from timely_llm_bench.evaluation.peer_bench import PeerBench, Run
+    from timely_llm_bench.evaluation.peer_bench import PeerBench, Run, ServeProcess
     from timely_llm_bench.workloads.generator import Workload
 
 
@@ -152,7 +157,9 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                      "with the stand-in one) and on embedded vLLM in real time, under each policy, and print them side "
                      "by side: per category mean and p95 response and waiting, utility, where the first segments' "
                      "time went; per run the step times by kind and batch, (re)starts, suspensions and the "
-                     "machine's load.")
+                     "machine's load. With --url or --serve: the remote engine on vllm serve instead, and the plans it "
+                     "generated replayed on the simulator of the remote path, each mean response real against "
+                     "simulated with the error.")
     p.add_argument("--workload", default="bursty",
                    help=f"a peer workload ({', '.join(PEER_WORKLOADS)}; default bursty), WID1, WID1-high, WID2, WID3 "
                         "or a workload JSON file")
@@ -169,6 +176,13 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first", type=_positive_int, default=None, metavar="N", help="only the first N requests")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
     p.add_argument("--out", type=_out_file, default=None, help="write every run (records, step logs) as JSON")
+    p.add_argument("--url", default=None,
+                   help="the remote engine on this running vllm serve instead of embedded vLLM: it generates each "
+                        "plan under the grammar (greedy), and the simulator of the remote path replays those plans "
+                        "(--hw with an http section; without one the server is profiled first)")
+    p.add_argument("--serve", action="store_true",
+                   help="as --url, on a vllm serve of --model started here, capped at --max-batch")
+    p.add_argument("--api-key-env", default="", help="with --url: the environment variable holding its bearer token")
     _add_vllm_arg(p)
     p.set_defaults(run=_fidelity)
 
@@ -181,6 +195,8 @@ def _fidelity(args: argparse.Namespace) -> int:
     profile = load_profile(args.hw)
     skills, catalog, workload = _fidelity_inputs(args)
     policies = list(dict.fromkeys(args.policies))
+    if args.url or args.serve:
+        return _remote_fidelity(args, profile, (skills, catalog, workload), policies)
     print(f"{len(workload.requests)} requests of {workload.name}, batch cap {args.max_batch}; simulator {profile.name} "
           f"(in place), real engine {args.model}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           "at the start", flush=True)
@@ -217,3 +233,78 @@ def _fidelity_inputs(args: argparse.Namespace) -> tuple[dict[str, SkillModel], T
     if args.first:
         workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
     return skills, catalog, workload
+
+
+def _remote_fidelity(args: argparse.Namespace, profile: HardwareProfile,
+                     inputs: tuple[dict[str, SkillModel], TraceCatalog, Workload], policies: list[str]) -> int:
+    """``fidelity --url/--serve``: the remote engine in real time, then its generated plans on the simulator of the
+    remote path; the capped-burst means real against simulated."""
+    from timely_llm_bench.evaluation import fidelity
+
+    skills, catalog, workload = inputs
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(_serve(args)).url
+        profile = _with_http_section(profile, url, args)
+        print(f"{len(workload.requests)} requests of {workload.name}, batch cap {args.max_batch}; simulator "
+              f"{profile.name} (remote path), real: the remote engine on {url}; {os.cpu_count()} cores, load "
+              f"average {os.getloadavg()[0]:.1f} at the start", flush=True)
+        engine = _remote_engine(url, args)
+        stack.callback(engine.close)
+        runs = fidelity.on_the_engine(engine, profile, workload, policies, args.rounds, skills, catalog, args.seed,
+                                      args.max_batch, remote=True)
+    runs += fidelity.replayed_remote(profile, runs, workload, skills, catalog, args.seed, args.max_batch)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.to_dict(), "url": url,
+                                              "max_batch": args.max_batch, "runs": [r.to_json() for r in runs]}))
+    print("\n\n".join([fidelity.outcome_table(runs), fidelity.step_table(runs), "\n".join(fidelity.load_lines(runs)),
+                        "\n".join(fidelity.error_lines(runs, fidelity.REMOTE, fidelity.SIM_REMOTE))]))
+    return 0
+
+
+@contextlib.contextmanager
+def _serve(args: argparse.Namespace) -> Iterator[ServeProcess]:
+    """``vllm serve`` of ``--model`` on a free loopback port, capped at ``--max-batch``, stopped on exit."""
+    import socket
+    import tempfile
+
+    from timely_llm.models import resolve_model
+    from timely_llm_bench.evaluation.peer_bench import EngineConfig, ServeProcess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model_dir, dtype = resolve_model(args.model)
+    log = Path(tempfile.mkdtemp(prefix="fidelity-serve-")) / "serve.log"
+    print(f"starting vllm serve of {args.model} (log {log}; 1-2 minutes on a CPU)", flush=True)
+    server = ServeProcess(EngineConfig(str(args.model), model_dir, dtype, max_batch=args.max_batch), port,
+                          priority=False, reserved_cpus=0, log=log, start_timeout=900.0)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _with_http_section(profile: HardwareProfile, url: str, args: argparse.Namespace) -> HardwareProfile:
+    """``profile`` where it has an http section, else the server's, profiled now (its memory kept)."""
+    if profile.http is not None:
+        return profile
+    from timely_llm.engines.profile_http import HttpProbe, fit_server_profile, measure_server
+
+    print(f"{profile.name} has no http section: profiling {url} first (about a minute)", flush=True)
+    probe = HttpProbe(url, "", args.api_key_env)
+    return fit_server_profile(measure_server(probe), f"{profile.name}-http", dict(profile.memory))
+
+
+def _remote_engine(url: str, args: argparse.Namespace) -> Engine:
+    """The remote engine on ``url``, capped at ``--max-batch``, with the served model's tokenizer read here where
+    it is a shipped one (each step's text then decodes without a call to the server)."""
+    from timely_llm.engines.remote import RemoteEngine
+    from timely_llm.engines.remote_settings import RemoteSettings
+    from timely_llm.models import MODEL_NAMES, resolve_model
+
+    tokenizer = resolve_model(args.model)[0] if args.model in MODEL_NAMES else ""
+    try:
+        return RemoteEngine(RemoteSettings.parse({"url": [url], "api_key_env": args.api_key_env,
+                                                  "max_num_seqs": args.max_batch, "tokenizer": tokenizer}))
+    except (RuntimeError, ValueError) as exc:  # no server answers, or a key variable that is not set
+        raise ConfigError("--url", None, str(exc)) from None

@@ -8,12 +8,16 @@ steps, decode steps, empty steps, outside the engine: ``peer_bench.first_segment
 step times by kind and batch, the (re)starts and what they cost the loop, and the suspensions. The
 simulator runs twice: as its profile says (the CPU profile tokenizes as the model does) and with the
 stand-in ``SimTokenizer``, to show what token counts change.
+
+On the remote engine (``vllm serve``), which cannot force recorded plans, each plan is generated under its grammar
+(greedy); the simulator of the remote path (a profile with an http section) then replays the plans that run
+generated (``replayed_remote``), and ``error_lines`` sets each mean response beside the real one.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -23,6 +27,7 @@ from timely_llm.engines.base import Engine, GenerationSpec, StepOutput, Tokenize
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.registry import SIM_ENGINE
 from timely_llm.engines.sim import SimEngine
+from timely_llm.engines.sim_remote import simulator
 from timely_llm.plan.skills import SkillModel
 from timely_llm.traces import TraceCatalog
 from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
@@ -33,6 +38,9 @@ from timely_llm_bench.workloads.generator import Workload
 SIM = SIM_ENGINE.name
 SIM_STAND_IN = "sim, stand-in tokenizer"
 REAL = "vLLM"
+REMOTE = "vllm serve"
+SIM_REMOTE = "sim, remote path"
+REAL_ENGINES = (REAL, REMOTE)
 CATEGORIES = ("urgent", "normal", "arm")
 DECODE_BATCHES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 64))
 
@@ -46,6 +54,8 @@ class RecordingEngine(StepLog):
         self.suspends = 0
         self.reprefilled = 0
         self.reprefilled_tokens = 0
+        self.sampled: dict[str, list[int]] = {}
+        """Each generation's sampled token ids, in order: what a remote run generated, for the simulator to replay."""
         self._resuming: set[str] = set()
 
     def suspend(self, gen_id: str) -> None:
@@ -59,6 +69,8 @@ class RecordingEngine(StepLog):
 
     def step(self) -> StepOutput:
         out = super().step()
+        for gen_id, ids in out.new_tokens.items():
+            self.sampled.setdefault(gen_id, []).extend(ids)
         for gen_id, info in out.started.items():
             if gen_id in self._resuming and info.cached_tokens < info.context_tokens:
                 self.reprefilled += 1
@@ -70,7 +82,7 @@ class RecordingEngine(StepLog):
 @dataclass
 class FidelityRun:
     engine: str
-    """``SIM``, ``SIM_STAND_IN`` or ``REAL``."""
+    """``SIM``, ``SIM_STAND_IN``, ``SIM_REMOTE``, ``REAL`` or ``REMOTE``."""
     policy: str
     round: int
     result: dict
@@ -86,19 +98,22 @@ class FidelityRun:
 
 def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, profile: HardwareProfile | None,
            workload: Workload, policy: str, skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int,
-           max_batch: int | None, round_: int = 1) -> FidelityRun:
-    """``workload`` under ``policy`` on ``engine`` through the bench harness, every step recorded."""
+           max_batch: int | None, round_: int = 1,
+           forced_plans: Mapping[str, list[int] | None] | None = None) -> FidelityRun:
+    """``workload`` under ``policy`` on ``engine`` through the bench harness, every step recorded;
+    ``forced_plans``: run_bench's."""
     recording = RecordingEngine(engine, clock)
     # a proxy of the engine (StepLog: what it does not record, it hands to the engine), so an Engine to the server
     setup = EngineSetup(engine_name, lambda: cast(Engine, recording), lambda: clock, profile)
     with measured() as meter:
-        result = run_bench(workload, policy, setup, skills, catalog, seed, max_batch)
+        result = run_bench(workload, policy, setup, skills, catalog, seed, max_batch, forced_plans=forced_plans)
     log = {"steps": recording.steps, "starts": recording.starts, "suspends": recording.suspends,
            "reprefilled": recording.reprefilled, "reprefilled_tokens": recording.reprefilled_tokens,
            "arrivals": {r["id"]: r["arrival"] for r in result["requests"]},
            "segments": {r["id"]: [(s["gen_start"], s["gen_end"], s["tokens"], s["cached_tokens"])
-                                  for s in r["segments"]] for r in result["requests"] if r["segments"]}}
-    return FidelityRun(engine_name, policy, round_, result, log, meter.load if engine_name == REAL else None)
+                                  for s in r["segments"]] for r in result["requests"] if r["segments"]},
+           "sampled": {r["id"]: recording.sampled.get(r["id"], []) for r in result["requests"]}}
+    return FidelityRun(engine_name, policy, round_, result, log, meter.load if engine_name in REAL_ENGINES else None)
 
 
 def simulated(profile: HardwareProfile, tokenizer: Tokenizer | None, workload: Workload, policies: list[str],
@@ -112,20 +127,68 @@ def simulated(profile: HardwareProfile, tokenizer: Tokenizer | None, workload: W
 
 def on_the_engine(engine: Engine, step_profile: HardwareProfile | None, workload: Workload, policies: list[str],
                   rounds: int, skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int,
-                  max_batch: int | None, progress: Callable[[str], None] = print) -> list[FidelityRun]:
+                  max_batch: int | None, progress: Callable[[str], None] = print,
+                  remote: bool = False) -> list[FidelityRun]:
     """A warm-up (each task once, all at once: grammars compiled, the prompts cached), then ``rounds`` of every
-    policy on ``engine`` in real time, every other round in reverse order."""
+    policy on ``engine`` in real time, every other round in reverse order. ``remote``: the engine is the remote
+    one, which generates each plan under its grammar (greedy) instead of forcing the recorded one."""
     warm = Workload("warm", workload.network_latency, tuple(replace(r, arrival=0.0) for r in floor_requests(workload)))
-    run_bench(warm, VLLM_STREAM.name, EngineSetup.real(REAL, engine), skills, catalog, seed, max_batch)
+    name = REMOTE if remote else REAL
+    generated = {r.id: None for r in (*workload.requests, *warm.requests)} if remote else None
+    run_bench(warm, VLLM_STREAM.name, EngineSetup.real(name, engine), skills, catalog, seed, max_batch,
+              forced_plans=generated)
     runs = []
     for round_ in range(1, rounds + 1):
         for policy in policies if round_ % 2 else policies[::-1]:
-            run = replay(REAL, engine, WallClock(), step_profile, workload, policy, skills, catalog, seed, max_batch,
-                         round_)
-            progress(f"  {REAL} {policy} round {round_}: {run.result['summary']['all']['succeeded']}/"
+            run = replay(name, engine, WallClock(), step_profile, workload, policy, skills, catalog, seed, max_batch,
+                         round_, generated)
+            progress(f"  {name} {policy} round {round_}: {run.result['summary']['all']['succeeded']}/"
                      f"{len(run.result['requests'])} succeeded; {run.load.describe() if run.load else ''}")
             runs.append(run)
     return runs
+
+
+def replayed_remote(profile: HardwareProfile, remote_runs: list[FidelityRun], workload: Workload,
+                    skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int,
+                    max_batch: int | None) -> list[FidelityRun]:
+    """Each remote run again on the simulator of the remote path (``profile`` has an http section), every request
+    forced to the plan the server generated for it in that run (its sampled ids, less a final end-of-sequence,
+    which the simulator's end of plan stands for)."""
+    runs = []
+    for real in remote_runs:
+        engine = simulator(profile)
+        eos = engine.tokenizer.eos_token_id
+        plans = {gen: ids[:-1] if ids and ids[-1] == eos else ids for gen, ids in real.log["sampled"].items()}
+        runs.append(replay(SIM_REMOTE, engine, VirtualClock(), profile, workload, real.policy, skills, catalog, seed,
+                           max_batch, real.round, plans))
+    return runs
+
+
+def error_lines(runs: list[FidelityRun], real: str, simulated: str) -> list[str]:
+    """Per policy and category, the mean response of the ``real`` runs against the ``simulated`` ones (rounds
+    pooled), the simulator's error, and the resumes' context served from kept or cached KV (the scheduler's
+    counters, where it has them)."""
+    lines = []
+    for policy in dict.fromkeys(r.policy for r in runs):
+        for category in CATEGORIES:
+            means = [_mean_response([r for r in runs if r.engine == engine and r.policy == policy], category)
+                     for engine in (real, simulated)]
+            if None not in means:
+                measured, predicted = cast(list[float], means)
+                lines.append(f"{policy} {category}: {real} {measured:.3f} s, {simulated} {predicted:.3f} s, "
+                             f"error {100 * (predicted - measured) / measured:+.1f}%")
+        for engine in (real, simulated):
+            counters = [r.result["counters"] for r in runs if r.engine == engine and r.policy == policy]
+            resumed = sum(c.get("resumed_tokens", 0) for c in counters)
+            kept = sum(c.get("resumed_kv_tokens", 0) for c in counters)
+            lines.append(f"{policy} {engine}: resumes could reuse {resumed} context tokens, {kept} from KV")
+    return lines
+
+
+def _mean_response(runs: list[FidelityRun], category: str) -> float | None:
+    times = [r["response_time"] for run in runs for r in run.result["requests"]
+             if r["category"] == category and r["status"] == "succeeded"]
+    return statistics.fmean(times) if times else None
 
 
 # ----- tables -----
@@ -176,7 +239,7 @@ def step_table(runs: list[FidelityRun]) -> str:
             "first starts", "resumes", "resumes prefilled again (tokens)", "loop s in (re)starts", "suspends",
             "other processes (cores)"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
-    for run in sorted(runs, key=lambda r: (r.policy, r.engine != REAL, r.engine, r.round)):
+    for run in sorted(runs, key=lambda r: (r.policy, r.engine not in REAL_ENGINES, r.engine, r.round)):
         origin = min(run.log["arrivals"].values(), default=0.0)
         steps = [s for s in run.log["steps"] if s[0] >= origin]
         prefill = [s[3] for s in steps if s[2]]
@@ -201,7 +264,7 @@ def load_lines(runs: list[FidelityRun]) -> list[str]:
     loads: dict[str, list[MachineLoad]] = {}
     for run in runs:
         if run.load:
-            loads.setdefault(run.policy, []).append(run.load)
-    merged = {policy: combined(found) for policy, found in loads.items()}
-    lines = [f"{REAL} {policy}: {load.describe()}" for policy, load in merged.items()]
+            loads.setdefault(f"{run.engine} {run.policy}", []).append(run.load)
+    merged = {label: combined(found) for label, found in loads.items()}
+    lines = [f"{label}: {load.describe()}" for label, load in merged.items()]
     return lines + ([load_verdict(merged) or "the real runs saw comparable loads"] if merged else [])

@@ -21,7 +21,7 @@ from timely_llm.core.policies import POLICIES, VLLM_STREAM
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.engines.base import Engine
 from timely_llm.engines.hardware import HardwareProfile
-from timely_llm.engines.sim import SimEngine
+from timely_llm.engines.sim_remote import simulator
 from timely_llm.plan.skills import SIMULATED_VALUES, SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import Action, Driver, ServerConfig, build_server
@@ -83,7 +83,7 @@ class EngineSetup:
     def simulator(cls, profile: HardwareProfile, suspends_in_place: bool = False) -> EngineSetup:
         """A fresh simulator per run; ``suspends_in_place`` models embedded vLLM's suspension (KV kept)."""
         name = f"{profile.name}-in-place" if suspends_in_place else profile.name
-        return cls(name, lambda: SimEngine(profile, suspends_in_place=suspends_in_place), VirtualClock, profile)
+        return cls(name, lambda: simulator(profile, suspends_in_place=suspends_in_place), VirtualClock, profile)
 
     @classmethod
     def real(cls, name: str, engine: Engine, profile: HardwareProfile | None = None) -> EngineSetup:
@@ -99,8 +99,11 @@ class EngineSetup:
 def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProfile,
               skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
               max_batch: int | None = None, features: Features = DEFAULT_FEATURES,
-              values: Mapping[int, Mapping[str, Sequence[str]]] | None = None) -> dict:
-    """``values``: what the simulated robots may report for blocking calls (``SimulatedRobots.values``)."""
+              values: Mapping[int, Mapping[str, Sequence[str]]] | None = None,
+              forced_plans: Mapping[str, list[int] | None] | None = None) -> dict:
+    """``values``: what the simulated robots may report for blocking calls (``SimulatedRobots.values``);
+    ``forced_plans``: by request id, the token ids it replays instead of its trace's recorded plan (None: the engine
+    generates its plan under the robot's grammar, as a server does for a goal)."""
     if policy not in BENCH_POLICIES:
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(BENCH_POLICIES)})")
     if isinstance(setup, HardwareProfile):
@@ -110,12 +113,13 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
         if setup.new_clock is not VirtualClock:
             raise ValueError(f"policy {ISOLATED!r} replays each request alone and needs the simulator engine")
         alone = setup.server_config(VLLM_STREAM.name, workload.network_latency, None, Features())
-        records = [_run(workload, [r], alone, setup, skills, catalog, seed, values)[0][0] for r in workload.requests]
+        records = [_run(workload, [r], alone, setup, skills, catalog, seed, values, forced_plans)[0][0]
+                   for r in workload.requests]
         peak_queue, counters = 1, {}
     else:
         config = setup.server_config(policy, workload.network_latency, max_batch, features)
         records, peak_queue, counters = _run(workload, list(workload.requests), config, setup, skills, catalog, seed,
-                                             values)
+                                             values, forced_plans)
         features = config.parts
     records.sort(key=lambda r: (r["arrival"], r["id"]))
     return {
@@ -128,7 +132,8 @@ def run_bench(workload: Workload, policy: str, setup: EngineSetup | HardwareProf
 
 def _run(workload: Workload, requests: list[WorkloadRequest], config: ServerConfig, setup: EngineSetup,
          skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int,
-         values: Mapping[int, Mapping[str, Sequence[str]]] | None = None) -> tuple[list[dict], int, dict[str, int]]:
+         values: Mapping[int, Mapping[str, Sequence[str]]] | None = None,
+         forced_plans: Mapping[str, list[int] | None] | None = None) -> tuple[list[dict], int, dict[str, int]]:
     engine = setup.new_engine()
     clock = setup.new_clock()
     records: list[dict] = []
@@ -144,7 +149,8 @@ def _run(workload: Workload, requests: list[WorkloadRequest], config: ServerConf
                    tokenizer.encode(catalog[t].plan)) for t in {r.trace for r in requests}}
     for r in requests:
         trace = catalog[r.trace]
-        prompt_ids, plan_ids = encoded[r.trace]
+        prompt_ids, recorded = encoded[r.trace]
+        plan_ids = forced_plans[r.id] if forced_plans is not None and r.id in forced_plans else recorded
         driver.arrive(PlanRequest(r.id, r.agent, trace.robot, prompt_ids, r.tuf, trace.category, forced_ids=plan_ids,
                                   trace=trace.id, arrival=origin + r.arrival, overrun=r.overrun))
     driver.run(server)
