@@ -7,7 +7,14 @@ from collections import Counter
 
 from timely_llm.core.kv_reuse import RESUMED, RESUMED_FROM_KV, RESUMES, KvReuse, count_resume
 from timely_llm.engines.hardware import load_profile
-from timely_llm.engines.remote_prefixes import PrefixCacheCounts, PrefixIndex, prefix_cache_metrics
+from timely_llm.engines.remote_prefixes import (
+    BALANCE_SLACK,
+    Candidate,
+    PrefixCacheCounts,
+    PrefixIndex,
+    choose_server,
+    prefix_cache_metrics,
+)
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.traces import load_catalog
 from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
@@ -76,3 +83,13 @@ def test_resumes_in_place_reuse_everything_and_through_the_prefix_cache_lose_at_
     in_place, cached = _resumed_run(True), _resumed_run(False)
     assert in_place.resumes > 5 and in_place.recomputed == 0 and in_place.share == 1.0
     assert cached.resumes > 5 and 0 < cached.recomputed < cached.resumes * PROFILE.block_tokens
+
+
+def test_a_new_generation_follows_its_cached_prompt_while_that_server_has_room_and_is_not_far_busier() -> None:
+    cold, warm = Candidate(0, 0, 100), Candidate(28, BALANCE_SLACK, 50)
+    assert choose_server([cold, warm], max_open=8) == 1  # the prefix wins within the slack
+    busier = Candidate(28, BALANCE_SLACK + 1, 50)
+    assert choose_server([cold, busier], max_open=8) == 0  # past the slack, load wins
+    assert choose_server([Candidate(0, 4, 100), Candidate(28, 5, 50)], max_open=4) == 0  # all full: the least busy
+    assert choose_server([Candidate(0, 4, 100), Candidate(28, 4, 50)], max_open=4) == 1  # ... then the cache
+    assert choose_server([Candidate(3, 1, 10), Candidate(3, 1, 90)], max_open=8) == 1  # ties: the most free KV

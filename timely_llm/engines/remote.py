@@ -9,9 +9,9 @@ on an asyncio loop in a thread of the engine's own (remote_streams.py); the call
 network longer than that (the tokenizer aside, when it is the server's: docs/remote-engine.md).
 
 Several servers: a new generation goes where its prompt's leading KV blocks are cached (the engine's record of the
-contexts it had each server compute, remote_prefixes.py), among the answering servers with room and within
-``BALANCE_SLACK`` streams of the least busy; then to the fewest open streams, then the most free KV. Its resumes go
-back to the same server, which holds its KV. A server that fails (connection refused or
+contexts it had each server compute), among the answering servers with room and near the least busy; then to the
+fewest open streams, then the most free KV (remote_prefixes.py). Its resumes go back to the same server, which
+holds its KV. A server that fails (connection refused or
 lost, HTTP 5xx) fails its open streams (``StepOutput.failed``, with the cause), refuses the resumes of its
 suspended generations, and is probed (``/health``, with backoff) until it answers again.
 
@@ -41,7 +41,13 @@ from timely_llm.engines.base import (
     Tokenizer,
     trailing_observation,
 )
-from timely_llm.engines.remote_prefixes import PrefixCacheCounts, PrefixIndex, prefix_cache_metrics
+from timely_llm.engines.remote_prefixes import (
+    Candidate,
+    PrefixCacheCounts,
+    PrefixIndex,
+    choose_server,
+    prefix_cache_metrics,
+)
 from timely_llm.engines.remote_servers import (
     Chunk,
     RemoteServer,
@@ -56,10 +62,6 @@ from timely_llm.engines.remote_tokenizer import LocalTokenizer, ServerTokenizer
 
 DEFAULT_BLOCK_SIZE = 16
 """KV block size where a server does not say its own (vLLM's GPU default)."""
-BALANCE_SLACK = 2
-"""A new generation follows its cached prompt prefix to a server with at most this many more open streams than
-the least busy one; past that it goes to the least busy (the cache saves a prefill, a long batch costs every
-step: SGLang's cache-aware router balances alike)."""
 
 
 @dataclass
@@ -209,8 +211,7 @@ class RemoteEngine(Engine):
         return budget if room is None else min(budget, room)
 
     def _place(self, gen_id: str, prompt_ids: list[int]) -> RemoteServer:
-        """Where the prompt's leading blocks are cached, among the answering servers with room within
-        ``BALANCE_SLACK`` streams of the least busy; then the fewest open streams, then the most free KV."""
+        """Among the answering servers, where the prompt's leading blocks are cached (``choose_server``)."""
         answering = [s for s in self._servers if s.down is None and s.served is not None]
         for server in self._servers:
             if server.down is not None:
@@ -218,10 +219,9 @@ class RemoteEngine(Engine):
         if not answering:
             causes = "; ".join(f"{s.url}: {s.down}" for s in self._servers)
             raise EngineRejected(f"{gen_id}: no remote server answers ({causes})")
-        least = min(s.open for s in answering)
-        near = [s for s in answering if s.open - least <= BALANCE_SLACK and s.open < self._settings.max_num_seqs]
-        return min(near or answering, key=lambda s: (-self._prefixes[s.url].cached_blocks(prompt_ids), s.open,
-                                                     -self._free_on(s)))
+        candidates = [Candidate(self._prefixes[s.url].cached_blocks(prompt_ids), s.open, self._free_on(s))
+                      for s in answering]
+        return answering[choose_server(candidates, self._settings.max_num_seqs)]
 
     def _count_start(self, server: RemoteServer, spec: GenerationSpec, context: list[int]) -> None:
         """What this start asks of the server's prefix cache; the context it will have computed."""

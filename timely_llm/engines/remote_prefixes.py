@@ -14,8 +14,34 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
+BALANCE_SLACK = 2
+"""A new generation follows its cached prompt prefix to a server with at most this many more open streams than
+the least busy one; past that it goes to the least busy (the cache saves a prefill, a long batch costs every
+step: SGLang's cache-aware router balances alike)."""
 _METRIC = re.compile(r"^vllm:prefix_cache_(?P<what>queries|hits)(?:_total)?(?:\{[^}]*\})? (?P<value>\S+)$",
                      re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A server a new generation could go to, as placement weighs it."""
+
+    cached_blocks: int
+    """Leading full blocks of the generation's prompt it holds."""
+    open: int
+    """Generations streaming from it now."""
+    free_blocks: int
+
+
+def choose_server(candidates: list[Candidate], max_open: int) -> int:
+    """The index of the server a new generation goes to: where most of its prompt's leading blocks are cached, among
+    those with room (fewer than ``max_open`` open) within ``BALANCE_SLACK`` of the least busy; then the fewest open,
+    then the most free KV (all full: the least busy). The remote engine and its simulator place alike."""
+    least = min(c.open for c in candidates)
+    near = [i for i, c in enumerate(candidates) if c.open - least <= BALANCE_SLACK and c.open < max_open]
+    if not near:  # every server full: the least busy, then the cache
+        return min(range(len(candidates)), key=lambda i: (candidates[i].open, -candidates[i].cached_blocks))
+    return min(near, key=lambda i: (-candidates[i].cached_blocks, candidates[i].open, -candidates[i].free_blocks))
 
 
 class PrefixIndex:

@@ -6,8 +6,8 @@ sees them through HTTP. A (re)start is a new request carrying the whole context:
 prefills what the prefix cache misses (full blocks of the context before the last sampled token hit). A step's
 tokens reach the node ``token_delay`` after the server's step ends. Suspend = the stream closed: the server drops
 the request at its next step (the abort's own travel is not modelled). With several servers (the http section's
-``servers``, identical) a new generation goes to the one with the fewest generations, then the most free KV, and its
-resumes go back there, as the remote engine places them.
+``servers``, identical) a new generation goes where its prompt's blocks are cached, near the least busy
+(``remote_prefixes.choose_server``), and its resumes go back there, as the remote engine places them.
 
 Time: the engine keeps its own model clock, the sum of the durations its steps returned, so the node's idle time
 between steps (a virtual clock jumping to the next arrival) does not count. A server's step begins where its last
@@ -19,11 +19,13 @@ several servers a step that ended while another's tokens travelled is delivered 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from timely_llm.engines.base import Engine, EngineRejected, GenerationSpec, KvView, StepOutput, Tokenizer
 from timely_llm.engines.hardware import HardwareProfile
+from timely_llm.engines.remote_prefixes import Candidate, choose_server
 from timely_llm.engines.sim import SimEngine
 from timely_llm.errors import ConfigError
 
@@ -78,7 +80,7 @@ class RemoteSimEngine(Engine):
         """Each generation's server, from its first start to its release (its resumes go back there)."""
 
     def start(self, spec: GenerationSpec) -> None:
-        server = self._placed.get(spec.gen_id) or min(self._servers, key=lambda s: (s.load, -s.engine.free_kv_blocks()))
+        server = self._placed.get(spec.gen_id) or self._place(spec.prompt_ids)
         if spec.gen_id in server.in_flight or spec.gen_id in server.engine.running_ids():
             raise EngineRejected(f"{spec.gen_id} is already running")
         if spec.forced_ids is None:
@@ -133,7 +135,14 @@ class RemoteSimEngine(Engine):
 
     def blocks_to_start(self, token_ids: list[int]) -> int:
         """On the server a new generation would go to."""
-        return min(self._servers, key=lambda s: (s.load, -s.engine.free_kv_blocks())).engine.blocks_to_start(token_ids)
+        return self._place(token_ids).engine.blocks_to_start(token_ids)
+
+    def _place(self, prompt_ids: list[int]) -> _Server:
+        """As the remote engine places (``choose_server``), knowing exactly what each server caches; servers without
+        a stream cap of their own (the node's batch cap splits over them)."""
+        candidates = [Candidate(s.engine.blocks_for(len(prompt_ids)) - s.engine.blocks_to_start(prompt_ids), s.load,
+                                s.engine.free_kv_blocks()) for s in self._servers]
+        return self._servers[choose_server(candidates, max_open=sys.maxsize)]
 
     def reset_cache(self) -> None:
         if any(s.in_flight for s in self._servers):
