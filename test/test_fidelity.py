@@ -64,6 +64,14 @@ def test_the_step_table_counts_suspensions_and_resumes_only_where_the_policy_sus
         assert int(row[3].split(",")[0]) == sum(1 for s in run.log["steps"] if s[0] >= origin and s[2])
 
 
+def test_each_run_says_what_its_resumes_reused(simulated) -> None:
+    """In place, a resume keeps all its KV; a policy that never suspends has no resume to report."""
+    segmented, streamed = fidelity.kv_lines(simulated)
+    assert segmented.startswith("sim timelyllm round 1: KV reuse: 100.0% of resumed context") and \
+        "0 recomputed" in segmented
+    assert streamed == "sim vllm-stream round 1: KV reuse: no resume"
+
+
 def test_only_real_runs_carry_the_machines_load(simulated) -> None:
     assert all(run.load is None for run in simulated)
     assert fidelity.load_lines(simulated) == []

@@ -217,7 +217,8 @@ def _fidelity(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.name,
                                               "model": str(args.model), "max_batch": args.max_batch,
                                               "runs": [r.to_json() for r in runs]}))
-    print("\n\n".join([fidelity.outcome_table(runs), fidelity.step_table(runs), "\n".join(fidelity.load_lines(runs))]))
+    print("\n\n".join([fidelity.outcome_table(runs), fidelity.step_table(runs), "\n".join(fidelity.load_lines(runs)),
+                        "\n".join(fidelity.kv_lines(runs))]))
     return 0
 
 
@@ -257,7 +258,8 @@ def _remote_fidelity(args: argparse.Namespace, profile: HardwareProfile,
         Path(args.out).write_text(json.dumps({"workload": workload.to_json(), "hw": profile.to_dict(), "url": url,
                                               "max_batch": args.max_batch, "runs": [r.to_json() for r in runs]}))
     print("\n\n".join([fidelity.outcome_table(runs), fidelity.step_table(runs), "\n".join(fidelity.load_lines(runs)),
-                        "\n".join(fidelity.error_lines(runs, fidelity.REMOTE, fidelity.SIM_REMOTE))]))
+                        "\n".join(fidelity.error_lines(runs, fidelity.REMOTE, fidelity.SIM_REMOTE)),
+                        "\n".join(fidelity.kv_lines(runs))]))
     return 0
 
 
@@ -267,6 +269,7 @@ def _serve(args: argparse.Namespace) -> Iterator[ServeProcess]:
     import socket
     import tempfile
 
+    from timely_llm.engines.vllm_engine import default_block_size
     from timely_llm.models import resolve_model
     from timely_llm_bench.evaluation.peer_bench import EngineConfig, ServeProcess
 
@@ -276,7 +279,9 @@ def _serve(args: argparse.Namespace) -> Iterator[ServeProcess]:
     model_dir, dtype = resolve_model(args.model)
     log = Path(tempfile.mkdtemp(prefix="fidelity-serve-")) / "serve.log"
     print(f"starting vllm serve of {args.model} (log {log}; 1-2 minutes on a CPU)", flush=True)
-    server = ServeProcess(EngineConfig(str(args.model), model_dir, dtype, max_batch=args.max_batch), port,
+    config = EngineConfig(str(args.model), model_dir, dtype, max_batch=args.max_batch,
+                          block_size=default_block_size())  # the embedded engine's, as peer-bench gives it
+    server = ServeProcess(config, port,
                           priority=False, reserved_cpus=0, log=log, start_timeout=900.0)
     try:
         yield server

@@ -26,13 +26,20 @@ from timely_llm.core.policies import VLLM_STREAM
 from timely_llm.engines.base import Engine, GenerationSpec, StepOutput, Tokenizer
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.registry import SIM_ENGINE
+from timely_llm.engines.remote import RemoteEngine
 from timely_llm.engines.sim import SimEngine
 from timely_llm.engines.sim_remote import simulator
 from timely_llm.plan.skills import SkillModel
 from timely_llm.traces import TraceCatalog
 from timely_llm_bench.evaluation.harness import EngineSetup, run_bench
 from timely_llm_bench.evaluation.machine_load import MachineLoad, combined, load_verdict, measured
-from timely_llm_bench.evaluation.peer_bench import StepLog, first_segment_times, floor_requests
+from timely_llm_bench.evaluation.peer_bench import (
+    StepLog,
+    first_segment_times,
+    floor_requests,
+    prefix_cache_delta,
+    run_kv_reuse,
+)
 from timely_llm_bench.workloads.generator import Workload
 
 SIM = SIM_ENGINE.name
@@ -105,6 +112,7 @@ def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, pr
     recording = RecordingEngine(engine, clock)
     # a proxy of the engine (StepLog: what it does not record, it hands to the engine), so an Engine to the server
     setup = EngineSetup(engine_name, lambda: cast(Engine, recording), lambda: clock, profile)
+    servers = engine.prefix_cache_counts() if isinstance(engine, RemoteEngine) else None
     with measured() as meter:
         result = run_bench(workload, policy, setup, skills, catalog, seed, max_batch, forced_plans=forced_plans)
     log = {"steps": recording.steps, "starts": recording.starts, "suspends": recording.suspends,
@@ -113,6 +121,8 @@ def replay(engine_name: str, engine: Engine, clock: VirtualClock | WallClock, pr
            "segments": {r["id"]: [(s["gen_start"], s["gen_end"], s["tokens"], s["cached_tokens"])
                                   for s in r["segments"]] for r in result["requests"] if r["segments"]},
            "sampled": {r["id"]: recording.sampled.get(r["id"], []) for r in result["requests"]}}
+    if isinstance(engine, RemoteEngine) and servers is not None:
+        log["prefix_cache"] = prefix_cache_delta(servers, engine.prefix_cache_counts())
     return FidelityRun(engine_name, policy, round_, result, log, meter.load if engine_name in REAL_ENGINES else None)
 
 
@@ -166,8 +176,7 @@ def replayed_remote(profile: HardwareProfile, remote_runs: list[FidelityRun], wo
 
 def error_lines(runs: list[FidelityRun], real: str, simulated: str) -> list[str]:
     """Per policy and category, the mean response of the ``real`` runs against the ``simulated`` ones (rounds
-    pooled), the simulator's error, and the resumes' context served from kept or cached KV (the scheduler's
-    counters, where it has them)."""
+    pooled) and the simulator's error."""
     lines = []
     for policy in dict.fromkeys(r.policy for r in runs):
         for category in CATEGORIES:
@@ -177,12 +186,14 @@ def error_lines(runs: list[FidelityRun], real: str, simulated: str) -> list[str]
                 measured, predicted = cast(list[float], means)
                 lines.append(f"{policy} {category}: {real} {measured:.3f} s, {simulated} {predicted:.3f} s, "
                              f"error {100 * (predicted - measured) / measured:+.1f}%")
-        for engine in (real, simulated):
-            counters = [r.result["counters"] for r in runs if r.engine == engine and r.policy == policy]
-            resumed = sum(c.get("resumed_tokens", 0) for c in counters)
-            kept = sum(c.get("resumed_kv_tokens", 0) for c in counters)
-            lines.append(f"{policy} {engine}: resumes could reuse {resumed} context tokens, {kept} from KV")
     return lines
+
+
+def kv_lines(runs: list[FidelityRun]) -> list[str]:
+    """Per run, the share of resumed context served from kept or cached KV and the tokens recomputed (the
+    engine's reports, or the remote engine's servers' metrics)."""
+    return [f"{run.engine} {run.policy} round {run.round}: "
+            f"{run_kv_reuse(run.log | {'counters': run.result['counters']}).describe()}" for run in runs]
 
 
 def _mean_response(runs: list[FidelityRun], category: str) -> float | None:
