@@ -14,7 +14,7 @@ import yaml
 from remote_servers import API_KEY_ENV, free_tcp_port
 
 from timely_llm.engines.hardware import load_profile
-from timely_llm.engines.profile_http import DECODE_BATCHES, DECODE_CONTEXTS, FRESH_PREFILLS
+from timely_llm.engines.profile_http import DECODE_BATCHES, DECODE_CONTEXTS, FRESH_PREFILLS, SHARED_DECODE_BATCHES
 
 REPO = Path(__file__).resolve().parents[1]
 FIT_TOLERANCE = 0.25
@@ -67,6 +67,7 @@ def test_a_served_model_profiled_through_its_streams(vllm_serve: object, tmp_pat
     pairs = re.search(r"measured vs fitted step \(ms\): (.*)", done.stdout)
     assert pairs is not None
     steps = [tuple(map(float, p.split("/"))) for p in pairs[1].split(", ")]
-    assert len(steps) == len(FRESH_PREFILLS) + 2 + len(DECODE_CONTEXTS) * len(DECODE_BATCHES)
+    assert len(steps) == (len(FRESH_PREFILLS) + 2 + len(DECODE_CONTEXTS) * len(DECODE_BATCHES)
+                          + len(SHARED_DECODE_BATCHES))
     errors = sorted(abs(fitted - measured) / measured for measured, fitted in steps)
     assert errors[len(errors) // 2] <= FIT_TOLERANCE, steps

@@ -184,6 +184,6 @@ def _profile_server(args: argparse.Namespace) -> int:
     for term, value in (profile.step | (profile.http or {})).items():
         print(f"{term:24s} {value:.3e}")
     print("measured vs fitted step (ms): " + ", ".join(
-        f"{1e3 * seconds:.1f}/{1e3 * profile.step_time(prefills, decodes):.1f}"
-        for prefills, decodes, _, seconds in timings.samples))
+        f"{1e3 * seconds:.1f}/{1e3 * profile.step_time(prefills, decodes, reread):.1f}"
+        for prefills, decodes, reread, seconds in timings.samples))
     return 0

@@ -7,7 +7,8 @@ What is measured, one request at a time on an otherwise idle server but for the 
   what the client waited beyond them is the request's overhead plus its token's delay;
 - the token delay: half the round trip of ``/health`` (one HTTP exchange and nothing else);
 - decode steps: ``b`` streams at once for several ``b``, the seconds per token each stream received once every
-  stream had its first (vLLM's ``ignore_eos``, so none ends early).
+  stream had its first (vLLM's ``ignore_eos``, so none ends early); and of streams sharing all but a short tail
+  of their prompts, as a fleet's robots share their robot prompt.
 
 Nothing here imports vLLM or torch: the node on the remote engine runs where neither is installed.
 """
@@ -37,6 +38,8 @@ CACHED_TAILS = (16, 64)
 DECODE_BATCHES = (1, 2, 4, 8)
 DECODE_CONTEXTS = (256, 768)
 DECODE_TOKENS = 16
+SHARED_DECODE_BATCHES = (2, 4, 8)
+SHARED_TAIL = 32
 REPEATS = 3
 """Each first-token measurement is the median of this many requests."""
 ROUND_TRIPS = 20
@@ -173,8 +176,24 @@ def measure_server(probe: HttpProbe) -> ServerTimings:
             prompts = [_tokens(salt + 1000 * b + 10 * context + j, context) for j in range(b)]
             seconds = probe.seconds_per_token(prompts, DECODE_TOKENS)
             samples.append(([], [context + DECODE_TOKENS // 2] * b, 0, seconds))
+    samples += _shared_decodes(probe, salt, min(max(DECODE_CONTEXTS), limit))
     delay = statistics.median(probe.round_trip() for _ in range(ROUND_TRIPS)) / 2
     return ServerTimings(probe.served, samples, extras, delay)
+
+
+def _shared_decodes(probe: HttpProbe, salt: int, context: int) -> list[Sample]:
+    """Decode steps of streams whose prompts share all but a ``SHARED_TAIL``-token tail, in whole blocks of the
+    server's, as a fleet's robots share their robot prompt: a CPU reads a shared block once per step, so without
+    these the fit prices every attended token alike and the simulator runs slow (``per_kv_reread``)."""
+    block = probe.served.block_size or 16
+    shared = (context - SHARED_TAIL) // block * block
+    prefix = _tokens(salt - 2, shared)
+    samples: list[Sample] = []
+    for b in SHARED_DECODE_BATCHES:
+        prompts = [prefix + _tokens(salt + 7000 + 10 * b + j, context - shared) for j in range(b)]
+        seconds = probe.seconds_per_token(prompts, DECODE_TOKENS)
+        samples.append(([], [context + DECODE_TOKENS // 2] * b, (b - 1) * shared, seconds))
+    return samples
 
 
 def fit_server_profile(timings: ServerTimings, name: str, memory: dict[str, float]) -> HardwareProfile:
