@@ -19,6 +19,8 @@ RESUMED_FROM_KV = "resumed_kv_tokens"
 """... and of those, the tokens the engine served from kept or cached KV."""
 RESUMES = "resumes_reported"
 """Counter: resumes counted in the two above."""
+COUNTERS = (RESUMED, RESUMED_FROM_KV, RESUMES)
+"""What every run with resumes counts, whatever else the scheduler did."""
 
 
 def count_resume(counters: Counter[str], context_tokens: int, cached_tokens: int, appended: int) -> None:
