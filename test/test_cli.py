@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -138,7 +139,8 @@ def test_table_reads_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "| one | timelyllm |" in capsys.readouterr().out
 
 
-def test_bench_suspends_in_place_on_the_simulator_when_asked(tmp_path: Path) -> None:
+def test_bench_suspends_in_place_on_the_simulator_when_asked(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     from timely_llm.engines.hardware import load_profile
 
     block = load_profile(ORIN).block_tokens
@@ -146,6 +148,8 @@ def test_bench_suspends_in_place_on_the_simulator_when_asked(tmp_path: Path) -> 
     for flags in ([], ["--suspend-in-place"]):
         out = tmp_path / f"r{len(flags)}.json"
         assert main([*BENCH, "--hw", ORIN, *flags, "--out", str(out)]) == 0
+        reuse = re.search(r"KV reuse: ([\d.]+)% of resumed context .*; (\d+) recomputed\)", capsys.readouterr().out)
+        assert reuse is not None and (reuse[1] == "100.0") == bool(flags) and (reuse[2] == "0") == bool(flags)
         result = json.loads(out.read_text())
         resumes[result["hw"]] = [s["cached_tokens"] for r in result["requests"] for s in r["segments"][1:]
                                  if s["cached_tokens"] is not None]

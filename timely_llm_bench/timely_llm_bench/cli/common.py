@@ -94,7 +94,7 @@ def _print_summary(result: dict) -> None:
                 if s.get("shed") or killed else "")
         print(f"  {category:7s} n={s['count']:4d} ok={s['succeeded']:4d} utility={fmt(s['mean_utility'])} "
               f"response={fmt(s['mean_response_time'])}s waiting={fmt(s['mean_waiting_time'])}s{shed}")
-    if result["counters"]:
+    if result.get("counters"):  # a ROS run (fleet, demo) has none: the node counts them
         print(f"  {KvReuse.of(result['counters']).describe()}")
 
 
