@@ -23,6 +23,7 @@ from timely_llm.engines.base import (
     StepOutput,
     Tokenizer,
     appends_observation,
+    trailing_observation,
 )
 from timely_llm.engines.block_manager import BlockManager, OutOfBlocks
 from timely_llm.engines.hardware import HardwareProfile
@@ -44,15 +45,6 @@ class _Generation:
     @property
     def context(self) -> list[int]:
         return self.spec.prompt_ids + self.output
-
-
-def _just_observed(gen: _Generation) -> int:
-    """Tokens of an observation that ends ``gen``'s output: appended since its KV was last written."""
-    observed = gen.spec.observed
-    if not observed or observed[-1][1] != len(gen.output):
-        return 0
-    begin, end = observed[-1]
-    return end - begin
 
 
 def zero_time(profile: HardwareProfile) -> HardwareProfile:
@@ -229,7 +221,8 @@ class SimEngine(Engine):
         # Like vLLM, the last token is always computed to produce logits, and the last sampled
         # token of a suspended generation never had its KV written, nor an observation appended after it:
         # only full blocks of the context before them can hit.
-        cacheable = ((len(context) - 1 - _just_observed(gen)) // self.block_size) * self.block_size
+        appended = trailing_observation(gen.spec.observed, len(gen.output))
+        cacheable = ((len(context) - 1 - appended) // self.block_size) * self.block_size
         cached = min(cached, len(context) - 1)
         return ResumeInfo(len(context), cached, evicted=bool(gen.output) and cached < cacheable)
 
