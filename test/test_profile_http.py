@@ -46,6 +46,16 @@ def test_a_url_that_does_not_answer_is_refused_in_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "box.yaml").exists()
 
 
+def test_a_key_variable_that_is_not_set_is_refused_before_any_request(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_tcp_port()}"
+    env_name = "TIMELY_LLM_NO_SUCH_KEY"
+    done = _profile("--url", url, "--api-key-env", env_name, "--out", str(tmp_path / "box.yaml"))
+    assert done.returncode == 2
+    assert done.stderr == (f"timely-llm profile: error: --api-key-env: environment variable {env_name} "
+                           "is not set\n")
+    assert not (tmp_path / "box.yaml").exists()
+
+
 @pytest.mark.remote
 def test_a_served_model_profiled_through_its_streams(vllm_serve: object, tmp_path: Path) -> None:
     out = tmp_path / "box.yaml"

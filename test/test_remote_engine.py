@@ -157,7 +157,7 @@ def test_an_unreachable_url_fails_the_start_naming_it() -> None:
 
 
 def test_a_key_variable_that_is_not_set_is_named() -> None:
-    with pytest.raises(ValueError, match="environment variable TIMELY_LLM_NO_SUCH_KEY is not set"):
+    with pytest.raises(ValueError, match="^remote.api_key_env: environment variable TIMELY_LLM_NO_SUCH_KEY is not set"):
         RemoteEngine(RemoteSettings.parse({"url": "http://127.0.0.1:9", "api_key_env": "TIMELY_LLM_NO_SUCH_KEY"}))
 
 

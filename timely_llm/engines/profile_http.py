@@ -15,7 +15,6 @@ Nothing here imports vLLM or torch: the node on the remote engine runs where nei
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import statistics
@@ -28,7 +27,14 @@ import httpx
 
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.engines.profile_fit import Sample, fit_profile
-from timely_llm.engines.remote_servers import RemoteServer, ServedModel, failure_cause, parse_line, request_body
+from timely_llm.engines.remote_servers import (
+    RemoteServer,
+    ServedModel,
+    bearer_headers,
+    failure_cause,
+    parse_line,
+    request_body,
+)
 from timely_llm.errors import ConfigError
 from timely_llm.models import MODEL_NAMES
 
@@ -64,7 +70,10 @@ class HttpProbe:
     """Timed requests to one server."""
 
     def __init__(self, url: str, model: str = "", api_key_env: str = "", timeout: float = 120.0) -> None:
-        self.headers = _auth(api_key_env)
+        try:
+            self.headers = bearer_headers(api_key_env)
+        except ValueError as exc:
+            raise ConfigError("--api-key-env", None, str(exc)) from None
         self.client = httpx.Client(headers=self.headers, timeout=timeout)
         self.server = RemoteServer(url)
         try:
@@ -138,15 +147,6 @@ def _cumulative(stream: list[tuple[float, int]]) -> list[tuple[float, int]]:
         total += n
         out.append((t, total))
     return out
-
-
-def _auth(api_key_env: str) -> dict[str, str]:
-    if not api_key_env:
-        return {}
-    key = os.environ.get(api_key_env)
-    if not key:
-        raise ConfigError("--api-key-env", None, f"environment variable {api_key_env} is not set")
-    return {"Authorization": f"Bearer {key}"}
 
 
 def _tokens(seed: int, n: int) -> list[int]:

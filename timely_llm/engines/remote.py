@@ -23,7 +23,6 @@ cache, which a newcomer may evict, as vLLM's own cached-but-idle blocks count as
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from timely_llm.engines.remote_servers import (
     RemoteServer,
     ServedModel,
     ServerGarbage,
+    bearer_headers,
     failure_cause,
     request_body,
 )
@@ -83,7 +83,10 @@ class RemoteEngine(Engine):
     suspends_in_place = False
 
     def __init__(self, settings: RemoteSettings) -> None:
-        headers = _auth(settings.api_key_env)
+        try:
+            headers = bearer_headers(settings.api_key_env)
+        except ValueError as exc:
+            raise ValueError(f"remote.api_key_env: {exc}") from None
         timeout = httpx.Timeout(settings.timeout, connect=CONNECT_TIMEOUT_S)
         self._settings = settings
         self._client = httpx.Client(headers=headers, timeout=timeout)
@@ -303,16 +306,6 @@ class RemoteEngine(Engine):
             server.describe(self._client, self.model, self._settings.api)
         except (httpx.HTTPError, ServerGarbage) as exc:
             server.failed(failure_cause(exc), time.monotonic())
-
-
-def _auth(api_key_env: str) -> dict[str, str]:
-    """The bearer header from the named environment variable; the key itself is never logged nor a parameter."""
-    if not api_key_env:
-        return {}
-    key = os.environ.get(api_key_env)
-    if not key:
-        raise ValueError(f"remote.api_key_env: environment variable {api_key_env} is not set")
-    return {"Authorization": f"Bearer {key}"}
 
 
 def _grammar(spec: GenerationSpec, tokenizer: Tokenizer) -> str | None:

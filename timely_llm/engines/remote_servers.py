@@ -6,6 +6,7 @@ Nothing here imports vLLM or torch: the node on a remote engine runs where neith
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -24,6 +25,17 @@ FIRST_STRUCTURED_OUTPUTS = (0, 10, 2)
 ``guided_grammar`` and give token ids only as logprobs' ``token_id:N`` strings."""
 _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def bearer_headers(api_key_env: str) -> dict[str, str]:
+    """The bearer header from the named environment variable (none where no variable is named); the key itself is
+    never logged nor a parameter. ValueError where the variable is not set."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ValueError(f"environment variable {api_key_env} is not set")
+    return {"Authorization": f"Bearer {key}"}
 
 
 class ServerGarbage(ValueError):
