@@ -203,6 +203,30 @@ def test_the_readme_workload_example_loads(tmp_path: Path, capsys: pytest.Captur
     assert result["requests"][1]["tuf"] == {"ert": 0.5, "alpha": -4.0, "beta": 2.0}
 
 
+def test_a_peer_workload_by_name_is_the_one_fidelity_and_peer_bench_replay(tmp_path: Path) -> None:
+    """``--workload capped`` in bench and workload: the peer generator's requests, so a peer point can be sized on
+    any profile without a real engine."""
+    from timely_llm.traces import load_catalog
+    from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
+
+    expected = generate_peer(PEER_WORKLOADS["capped"], load_catalog(), seed=3).to_json()
+    assert main(["workload", "--workload", "capped", "--seed", "3", "--out", str(tmp_path / "w.json")]) == 0
+    assert json.loads((tmp_path / "w.json").read_text()) == expected
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", "capped", "--seed", "3", "--policy", "timelyllm", "--max-batch", "8",
+                 "--out", str(out)]) == 0
+    records = json.loads(out.read_text())["requests"]
+    assert [(r["id"], r["trace"]) for r in records] == [(r["id"], r["trace"]) for r in expected["requests"]]
+    gaps = [round(r["arrival"] - records[0]["arrival"], 6) for r in records]  # the harness starts its clock earlier
+    assert gaps == [round(r["arrival"] - expected["requests"][0]["arrival"], 6) for r in expected["requests"]]
+    assert {r["status"] for r in records} == {"succeeded"}
+
+
+def test_an_unknown_workload_name_lists_the_peer_ones_too(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["workload", "--workload", "burstyy", "--out", "/tmp/never.json"], capsys)
+    assert_one_line_error(code, err, "--workload", "burstyy", "WID1", "bursty", "capped")
+
+
 def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixture[str]) -> None:
     import time
 

@@ -14,6 +14,9 @@ from timely_llm.core.features import Features
 from timely_llm.errors import ConfigError
 
 PROGRESS_PERIOD_S = 10.0
+WORKLOADS_HELP = ("WID1, WID1-high, WID2, WID3, a peer workload (light, contended, bursty, capped: "
+                  "docs/peer-benchmark.md) or a workload JSON file")
+"""What ``--workload`` takes wherever it is given (``_load_inputs``)."""
 
 
 def _features(text: str) -> str:
@@ -28,6 +31,7 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
     from timely_llm.plan.robot_file import load_skill_models
     from timely_llm.traces import load_catalog
     from timely_llm_bench.workloads.generator import BUILTIN, generate, load_workload
+    from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
 
     skills = load_skill_models(args.skill_models)
     catalog = load_catalog(robots=skills)  # prompts from the skill models this run uses
@@ -36,10 +40,13 @@ def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded in
             raise ConfigError("lrtrace.yaml", f"trace {trace.id}.robot", f"no skill model for {trace.robot!r}")
     if args.workload in BUILTIN:
         workload = generate(BUILTIN[args.workload], catalog, skills, args.seed)
+    elif args.workload in PEER_WORKLOADS:
+        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
     elif Path(args.workload).is_file():
         workload = load_workload(args.workload, catalog)
     else:
-        raise ConfigError("--workload", args.workload, f"neither a built-in workload ({', '.join(BUILTIN)}) nor a file")
+        known = ", ".join([*BUILTIN, *PEER_WORKLOADS])
+        raise ConfigError("--workload", args.workload, f"neither a built-in workload ({known}) nor a file")
     return skills, catalog, workload
 
 

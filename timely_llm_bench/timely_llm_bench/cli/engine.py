@@ -28,6 +28,7 @@ from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
     BURSTY_MAX_BATCH,
+    WORKLOADS_HELP,
     _load_inputs,
     _read_json,
 )
@@ -150,8 +151,6 @@ FIDELITY_POLICIES = (TIMELYLLM.name, VLLM_STREAM.name)
 
 
 def _add_fidelity(p: argparse.ArgumentParser) -> None:
-    from timely_llm_bench.workloads.peer import PEER_WORKLOADS
-
     p.description = ("Replay one workload's recorded LRTrace plans (forced token by token, as bench --engine vllm "
                      "does) on the simulator (suspending in place, as embedded vLLM does; with its own tokenizer and "
                      "with the stand-in one) and on embedded vLLM in real time, under each policy, and print them side "
@@ -161,8 +160,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                      "generated replayed on the simulator of the remote path, each mean response real against "
                      "simulated with the error.")
     p.add_argument("--workload", default="bursty",
-                   help=f"a peer workload ({', '.join(PEER_WORKLOADS)}; default bursty), WID1, WID1-high, WID2, WID3 "
-                        "or a workload JSON file")
+                   help=f"{WORKLOADS_HELP} (default bursty)")
     p.add_argument("--policies", nargs="+", default=list(FIDELITY_POLICIES), metavar="POLICY",
                    choices=[n for n, pol in POLICIES.items() if pol.engine_scheduling == ENGINE_FCFS],
                    help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")
@@ -223,14 +221,8 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _fidelity_inputs(args: argparse.Namespace) -> tuple[dict[str, SkillModel], TraceCatalog, Workload]:
-    """The robots, the catalog and the workload (a peer workload or any bench one), cut to ``--first``."""
-    from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
-
-    if args.workload in PEER_WORKLOADS:
-        skills, catalog, _ = _load_inputs(argparse.Namespace(workload="WID1", seed=args.seed, skill_models=None))
-        workload = generate_peer(PEER_WORKLOADS[args.workload], catalog, args.seed)
-    else:
-        skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
+    """The robots, the catalog and the workload, cut to ``--first``."""
+    skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
     if args.first:
         workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
     return skills, catalog, workload
