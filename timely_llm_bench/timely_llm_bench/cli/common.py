@@ -14,9 +14,6 @@ from timely_llm.core.features import Features
 from timely_llm.errors import ConfigError
 
 PROGRESS_PERIOD_S = 10.0
-WORKLOADS_HELP = ("WID1, WID1-high, WID2, WID3, a peer workload (light, contended, bursty, capped: "
-                  "docs/peer-benchmark.md) or a workload JSON file")
-"""What ``--workload`` takes wherever it is given (``_load_inputs``)."""
 
 
 def _features(text: str) -> str:
@@ -25,6 +22,15 @@ def _features(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def workloads_help() -> str:
+    """What ``--workload`` takes wherever it is given (``_load_inputs``), named from the two registries."""
+    from timely_llm_bench.workloads.generator import BUILTIN
+    from timely_llm_bench.workloads.peer import PEER_WORKLOADS
+
+    return (f"{', '.join(BUILTIN)}, a peer workload ({', '.join(PEER_WORKLOADS)}: docs/peer-benchmark.md) "
+            "or a workload JSON file")
 
 
 def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs

@@ -28,9 +28,9 @@ from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
     BURSTY_MAX_BATCH,
-    WORKLOADS_HELP,
     _load_inputs,
     _read_json,
+    workloads_help,
 )
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
                      "generated replayed on the simulator of the remote path, each mean response real against "
                      "simulated with the error.")
     p.add_argument("--workload", default="bursty",
-                   help=f"{WORKLOADS_HELP} (default bursty)")
+                   help=f"{workloads_help()} (default bursty)")
     p.add_argument("--policies", nargs="+", default=list(FIDELITY_POLICIES), metavar="POLICY",
                    choices=[n for n, pol in POLICIES.items() if pol.engine_scheduling == ENGINE_FCFS],
                    help=f"policies, all on one FCFS engine (default {' '.join(FIDELITY_POLICIES)})")

@@ -27,11 +27,11 @@ from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
     BURSTY_MAX_BATCH,
-    WORKLOADS_HELP,
     _load_inputs,
     _print_failures,
     _print_summary,
     _progress,
+    workloads_help,
 )
 from timely_llm_bench.cli.demo_log import terminal_and_log
 
@@ -72,7 +72,7 @@ DEMO_PLAN_TOKENS = 48
 
 
 def _add_replay_args(p: argparse.ArgumentParser, duration_default: str = "60") -> None:
-    p.add_argument("--workload", default="WID1", help=f"{WORKLOADS_HELP} (default WID1)")
+    p.add_argument("--workload", default="WID1", help=f"{workloads_help()} (default WID1)")
     p.add_argument("--seed", type=_nonneg_int, default=0,
                    help="seed of the built-in workload's arrivals and of the robots' execution times (default 0)")
     p.add_argument("--duration", type=_positive_float, default=60.0,

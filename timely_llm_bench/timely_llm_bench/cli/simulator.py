@@ -28,10 +28,10 @@ from timely_llm.engines.registry import ENGINES, REMOTE_ENGINE, SIM_ENGINE, VLLM
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
-    WORKLOADS_HELP,
     _features,
     _load_inputs,
     _print_summary,
+    workloads_help,
 )
 
 
@@ -50,7 +50,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help=f"sim: hardware profile name or YAML file (default {DEFAULT_HW}; see timely-llm --help)")
     p.add_argument("--model", default=None, type=_model_dir,
                    help="vllm: smollm2 (default: SmolLM2-135M-Instruct), tiny (random test model) or a directory")
-    p.add_argument("--workload", required=True, help=WORKLOADS_HELP)
+    p.add_argument("--workload", required=True, help=workloads_help())
     p.add_argument("--policy", required=True, choices=BENCH_POLICIES, metavar="POLICY",
                    help=f"one of {', '.join(BENCH_POLICIES)} (see timely-llm --help)")
     p.add_argument("--seed", type=_nonneg_int, default=0,
@@ -124,7 +124,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
     p.description = "Write a built-in workload (or a workload file, checked) as workload JSON; see README.md."
-    p.add_argument("--workload", required=True, help=WORKLOADS_HELP)
+    p.add_argument("--workload", required=True, help=workloads_help())
     p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the arrivals (default 0)")
     p.add_argument("--skill-models", nargs="*", default=None, type=_in_file,
                    help="skill-model YAML files (default: the shipped ones)")
