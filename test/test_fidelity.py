@@ -61,7 +61,33 @@ def test_the_step_table_counts_suspensions_and_resumes_only_where_the_policy_sus
     assert segmented[-4] == "0 (0)"
     for run, row in ((simulated[0], segmented), (simulated[1], streamed)):
         origin = min(run.log["arrivals"].values())
-        assert int(row[3].split(",")[0]) == sum(1 for s in run.log["steps"] if s[0] >= origin and s[2])
+        steps = [s for s in run.log["steps"] if s[0] >= origin]
+        assert int(row[3].split(",")[0]) == sum(1 for s in steps if s[4])
+        assert int(row[4].split(",")[0]) == sum(1 for s in steps if s[2] and not s[4])
+        # each first start runs in exactly one step
+        assert sum(s[4] for s in run.log["steps"]) == sum(1 for _, tokens, _ in run.log["starts"] if not tokens)
+    assert streamed[4] == "0, -"  # it never resumes: each step that starts a generation starts a new one
+    # a resume in place prefills nothing, so the steps that only resume cost less than those prefilling a prompt
+    assert float(segmented[4].split(", ")[1]) < float(segmented[3].split(", ")[1])
+
+
+def test_urgent_robots_alone_get_at_least_what_they_get_beside_the_others(simulated) -> None:
+    """``fidelity --only urgent``: the same urgent requests at the same arrivals with nothing else to serve."""
+    catalog = load_catalog()
+    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    workload = type(workload)(workload.name, workload.network_latency, workload.requests[:40])
+    alone = workload.of_categories(["urgent"], catalog)
+    assert [r.id for r in alone.requests] == [r.id for r in workload.requests if catalog[r.trace].category == "urgent"]
+    assert 0 < len(alone.requests) < len(workload.requests)
+    [run] = fidelity.simulated(load_profile("cpu-2core-smollm2-135m"), None, alone, ["timelyllm"],
+                               load_skill_models(), catalog, seed=0, max_batch=8)
+    beside = next(r for r in simulated if r.policy == "timelyllm")
+    assert {r["id"] for r in run.result["requests"]} == {r.id for r in alone.requests}
+    def urgent_mean(run: fidelity.FidelityRun) -> float:
+        return statistics.fmean(r["response_time"] for r in run.result["requests"]
+                                if r["category"] == "urgent" and r["status"] == "succeeded")
+
+    assert urgent_mean(run) < urgent_mean(beside)
 
 
 def test_each_run_says_what_its_resumes_reused(simulated) -> None:

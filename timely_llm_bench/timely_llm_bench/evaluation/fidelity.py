@@ -242,10 +242,11 @@ def outcome_table(runs: list[FidelityRun]) -> str:
 
 
 def step_table(runs: list[FidelityRun]) -> str:
-    """Per run: steps that prefilled (count, mean ms), decode-only steps by batch (mean ms), (re)starts (first,
-    resumes, resumes that prefilled again and their tokens, seconds they took in the loop), suspensions, and the
-    machine's load on the real engine."""
-    head = ["policy", "engine", "round", "prefill steps (n, ms)",
+    """Per run: steps that (re)started generations, those with a first start (which prefills a task's prompt) apart
+    from those that only resumed (count, mean ms), decode-only steps by batch (mean ms), (re)starts (first, resumes,
+    resumes that prefilled again and their tokens, seconds they took in the loop), suspensions, and the machine's
+    load on the real engine."""
+    head = ["policy", "engine", "round", "steps with first starts (n, ms)", "steps with resumes only (n, ms)",
             *(f"decode ms at batch {lo}-{hi}" for lo, hi in DECODE_BATCHES),
             "first starts", "resumes", "resumes prefilled again (tokens)", "loop s in (re)starts", "suspends",
             "other processes (cores)"]
@@ -253,8 +254,10 @@ def step_table(runs: list[FidelityRun]) -> str:
     for run in sorted(runs, key=lambda r: (r.policy, r.engine not in REAL_ENGINES, r.engine, r.round)):
         origin = min(run.log["arrivals"].values(), default=0.0)
         steps = [s for s in run.log["steps"] if s[0] >= origin]
-        prefill = [s[3] for s in steps if s[2]]
-        cells = [run.policy, run.engine, str(run.round), f"{len(prefill)}, {_ms(prefill)}"]
+        first = [s[3] for s in steps if s[4]]
+        resumed = [s[3] for s in steps if s[2] and not s[4]]
+        cells = [run.policy, run.engine, str(run.round), f"{len(first)}, {_ms(first)}",
+                 f"{len(resumed)}, {_ms(resumed)}"]
         for lo, hi in DECODE_BATCHES:
             cells.append(_ms([s[3] for s in steps if not s[2] and lo <= s[1] <= hi]))
         starts = run.log["starts"]

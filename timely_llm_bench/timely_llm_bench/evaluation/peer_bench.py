@@ -275,15 +275,18 @@ def _chunk(line: bytes, finished: bool) -> tuple[str, bool]:
 
 class StepLog:
     """The engine behind the server, recording every step (when, generations that got a token, generations
-    (re)started, seconds) and the time
-    each (re)start took in the loop (building the continuation grammar and submitting the request)."""
+    (re)started, seconds, of those (re)started the first starts) and the time each (re)start took in the loop
+    (building the continuation grammar and submitting the request). A first start prefills its task's prompt; a
+    resume in place prefills nothing: the two kinds of steps cost the engine differently (``fidelity.step_table``)."""
 
     def __init__(self, engine, clock) -> None:  # noqa: ANN001 - an Engine and the server's clock
         self._engine = engine
         self._clock = clock
-        self.steps: list[tuple[float, int, int, float]] = []
+        self.steps: list[tuple[float, int, int, float, int]] = []
         self.starts: list[tuple[str, int, float]] = []
         """(generation, tokens generated before this start, seconds start() took)."""
+        self._first_starts: set[str] = set()
+        """Generations started with no token generated, until the step that runs them."""
 
     def __getattr__(self, name: str):  # noqa: ANN204 - everything else as the engine has it
         return getattr(self._engine, name)
@@ -292,11 +295,15 @@ class StepLog:
         began = time.perf_counter()
         self._engine.start(spec)
         self.starts.append((spec.gen_id, len(spec.output_ids), time.perf_counter() - began))
+        if not spec.output_ids:
+            self._first_starts.add(spec.gen_id)
 
     def step(self):  # noqa: ANN201
         at = self._clock.now()
         out = self._engine.step()
-        self.steps.append((round(at, 4), len(out.new_tokens), len(out.started), round(out.duration, 4)))
+        firsts = self._first_starts.intersection(out.started)
+        self._first_starts -= firsts
+        self.steps.append((round(at, 4), len(out.new_tokens), len(out.started), round(out.duration, 4), len(firsts)))
         return out
 
 
