@@ -227,6 +227,13 @@ def test_an_unknown_workload_name_lists_the_peer_ones_too(capsys: pytest.Capture
     assert_one_line_error(code, err, "--workload", "burstyy", "WID1", "bursty", "capped")
 
 
+def test_fidelity_refuses_categories_it_cannot_keep(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["fidelity", "--only", "urgentt"], capsys)
+    assert_one_line_error(code, err, "--only", "urgentt")
+    code, err = run(["fidelity", "--workload", "bursty", "--only", "arm"], capsys)  # drones only: no arm request
+    assert_one_line_error(code, err, "--only", "no request of peer-bursty (arm only) is of arm")
+
+
 def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixture[str]) -> None:
     import time
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeGuard
@@ -71,6 +72,12 @@ class Workload:
         if strategy not in OVERRUN_STRATEGIES:
             raise ValueError(f"unknown overrun strategy {strategy!r} (one of {', '.join(OVERRUN_STRATEGIES)})")
         return replace(self, requests=tuple(replace(r, overrun=strategy) for r in self.requests))
+
+
+    def of_categories(self, categories: Collection[str], catalog: TraceCatalog) -> Workload:
+        """Only the requests whose trace is of one of ``categories`` (their arrivals as they were)."""
+        return replace(self, name=f"{self.name} ({', '.join(categories)} only)",
+                       requests=tuple(r for r in self.requests if catalog[r.trace].category in categories))
 
 
 def default_tuf(category: str) -> TUF:
