@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -11,18 +12,23 @@ import pytest
 
 from timely_llm.engines.hardware import load_profile
 from timely_llm.plan.robot_file import load_skill_models
-from timely_llm.traces import load_catalog
+from timely_llm.traces import TraceCatalog, load_catalog
 from timely_llm_bench.evaluation import fidelity
+from timely_llm_bench.workloads.generator import Workload
 from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
+
+
+def _bursty_start(catalog: TraceCatalog) -> Workload:
+    """The first 40 requests of the bursty peer workload (seed 0)."""
+    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
+    return dataclasses.replace(workload, requests=workload.requests[:40])
 
 
 @pytest.fixture(scope="module")
 def simulated() -> list[fidelity.FidelityRun]:
     catalog = load_catalog()
-    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
-    workload = type(workload)(workload.name, workload.network_latency, workload.requests[:40])
-    return fidelity.simulated(load_profile("cpu-2core-smollm2-135m"), None, workload, ["timelyllm", "vllm-stream"],
-                              load_skill_models(), catalog, seed=0, max_batch=8)
+    return fidelity.simulated(load_profile("cpu-2core-smollm2-135m"), None, _bursty_start(catalog),
+                              ["timelyllm", "vllm-stream"], load_skill_models(), catalog, seed=0, max_batch=8)
 
 
 def _row(table: str, *cells: str) -> list[str]:
@@ -74,8 +80,7 @@ def test_the_step_table_counts_suspensions_and_resumes_only_where_the_policy_sus
 def test_urgent_robots_alone_get_at_least_what_they_get_beside_the_others(simulated) -> None:
     """``fidelity --only urgent``: the same urgent requests at the same arrivals with nothing else to serve."""
     catalog = load_catalog()
-    workload = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=0)
-    workload = type(workload)(workload.name, workload.network_latency, workload.requests[:40])
+    workload = _bursty_start(catalog)
     alone = workload.of_categories(["urgent"], catalog)
     assert [r.id for r in alone.requests] == [r.id for r in workload.requests if catalog[r.trace].category == "urgent"]
     assert 0 < len(alone.requests) < len(workload.requests)
@@ -83,6 +88,7 @@ def test_urgent_robots_alone_get_at_least_what_they_get_beside_the_others(simula
                                load_skill_models(), catalog, seed=0, max_batch=8)
     beside = next(r for r in simulated if r.policy == "timelyllm")
     assert {r["id"] for r in run.result["requests"]} == {r.id for r in alone.requests}
+
     def urgent_mean(run: fidelity.FidelityRun) -> float:
         return statistics.fmean(r["response_time"] for r in run.result["requests"]
                                 if r["category"] == "urgent" and r["status"] == "succeeded")

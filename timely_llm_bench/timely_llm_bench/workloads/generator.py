@@ -73,7 +73,6 @@ class Workload:
             raise ValueError(f"unknown overrun strategy {strategy!r} (one of {', '.join(OVERRUN_STRATEGIES)})")
         return replace(self, requests=tuple(replace(r, overrun=strategy) for r in self.requests))
 
-
     def of_categories(self, categories: Collection[str], catalog: TraceCatalog) -> Workload:
         """Only the requests whose trace is of one of ``categories`` (their arrivals as they were)."""
         return replace(self, name=f"{self.name} ({', '.join(categories)} only)",
