@@ -3,6 +3,7 @@ they hand back for the loop to carry out."""
 
 from __future__ import annotations
 
+from timely_llm.core.estimator import SegmentTimes
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.places import Call
@@ -146,3 +147,25 @@ def test_no_generation_yields_in_the_vllm_baselines_nor_on_an_engine_that_would_
         urgent = request(engine, "urgent", URGENT_TUF)
         sched.add(urgent)
         assert not sched.schedule(0.03).calls and urgent.status is Status.WAITING, policy
+
+
+def _after_one_slow_decode_step(steps_are_iterations: bool) -> Scheduler:
+    engine = SimEngine(load_profile("rtx4090-llama3-8b"))
+    engine.steps_are_iterations = steps_are_iterations
+    config = ServerConfig("timelyllm", LATENCY, Features(timebill=True, ala=True), max_batch=4,
+                          step_profile=engine.profile)
+    sched = build_scheduler(config, engine, SKILLS)
+    started(sched, engine, "a")
+    sched.update_from_output(StepOutput(0.9, new_tokens={"a": engine.tokenizer.encode_continuation("m")}), 0.9)
+    return sched
+
+
+def test_the_step_time_models_learn_only_from_steps_that_are_engine_iterations() -> None:
+    """A remote engine's step collects what its servers streamed while the node waited: a curve fitted to such
+    steps once held the batch at 3 of a server's 8 sequences (ALA's knee), so there the models keep the profile."""
+    learned = _after_one_slow_decode_step(steps_are_iterations=True)
+    assert learned.batch.steps.predict(1) == 0.9
+    assert isinstance(learned.times, SegmentTimes) and learned.times.step_factor > 1.0
+    kept = _after_one_slow_decode_step(steps_are_iterations=False)
+    assert kept.batch.steps.predict(1) is None
+    assert isinstance(kept.times, SegmentTimes) and kept.times.step_factor == 1.0

@@ -172,9 +172,9 @@ class Scheduler:
 
     def _learn(self, out: StepOutput) -> None:
         """Step-time models learn from steps that produced tokens (vLLM steps with nothing to run, grammars
-        compiling, time nothing); the engine's own recompute preemptions are counted (what memory-safe
-        admission avoids)."""
-        if out.duration > 0 and out.new_tokens:
+        compiling, time nothing), on an engine whose steps are its iterations; the engine's own recompute
+        preemptions are counted (what memory-safe admission avoids)."""
+        if out.duration > 0 and out.new_tokens and self.engine.steps_are_iterations:
             batch, kv_tokens = self._step_batch
             self.batch.record_step(out.duration, len(out.new_tokens), prefill=bool(out.started))
             self.times.record_step(out.duration, batch, kv_tokens)

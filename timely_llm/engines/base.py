@@ -172,6 +172,10 @@ class Engine(ABC):
     suspends_in_place: bool = False
     """A suspension keeps the generation's KV where it is (until a newcomer needs the memory), so a
     resume prefills nothing; otherwise the KV goes to the prefix cache and a resume recomputes its tail."""
+    steps_are_iterations: bool = True
+    """A step's duration is one model iteration over the generations that got tokens in it, so the step-time
+    models learn from it; False where a step only collects what servers streamed while the node waited (the
+    remote engines): there the models keep the hardware profile's step times."""
 
     @abstractmethod
     def start(self, spec: GenerationSpec) -> None:

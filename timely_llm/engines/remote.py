@@ -81,6 +81,7 @@ class _Generation:
 
 class RemoteEngine(Engine):
     suspends_in_place = False
+    steps_are_iterations = False
 
     def __init__(self, settings: RemoteSettings) -> None:
         try:
