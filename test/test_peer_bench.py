@@ -22,6 +22,7 @@ from timely_llm_bench.evaluation.peer_bench import (
     RunRecord,
     _chunk,
     _node_record,
+    failures,
     first_segments,
     floor_requests,
     robot_times,
@@ -187,7 +188,15 @@ def test_a_node_plan_left_empty_gave_no_action_as_on_the_streaming_side() -> Non
                    response_time=0.4, completion_time=2.0)
     assert _node_record(base, skills) == RunRecord("r", "urgent", 8, True, True, 0.4, 2.0, "mf(50);")
     empty = dataclasses.replace(base, plan="", response_time=0.9, completion_time=0.9)
-    assert _node_record(empty, skills) == RunRecord("r", "urgent", 8, False, False, None, None, "")
+    assert _node_record(empty, skills) == RunRecord("r", "urgent", 8, False, False, None, None, "",
+                                                    "succeeded, no statement in the token budget")
+    failed = dataclasses.replace(base, status=Status.ABORTED, reason="engine error: http://s sent nothing for 60 s",
+                                 plan="", response_time=None, completion_time=None)
+    assert _node_record(failed, skills).reason == "engine error: http://s sent nothing for 60 s"
+    runs = [Run("node-remote", "timelyllm", "w", 1, [_node_record(o, skills) for o in (base, empty, failed, failed)])]
+    assert failures(runs) == ("w node-remote timelyllm round 1: 2 x engine error: http://s sent nothing for 60 s; "
+                              "1 x succeeded, no statement in the token budget")
+    assert failures([Run("node", "timelyllm", "w", 1, [_node_record(base, skills)])]) == "none"
 
 
 def test_saved_runs_print_the_machines_load_and_refuse_a_verdict_when_it_differs(tmp_path, capsys) -> None:

@@ -140,11 +140,12 @@ def _peer_bench_of(args: argparse.Namespace) -> PeerBench:
 
 
 def _print_peer_runs(runs: list[Run]) -> None:
-    from timely_llm_bench.evaluation.peer_bench import first_segments, kv_reuse, machine_loads, table
+    from timely_llm_bench.evaluation.peer_bench import failures, first_segments, kv_reuse, machine_loads, table
 
     print(table(runs))
     print("\nWhere urgent first segments waited (node, means in seconds):\n" + first_segments(runs))
     print("\nWhat the node's resumes reused:\n" + kv_reuse(runs))
+    print("\nPlans the node ended without an action:\n" + failures(runs))
     print("\nThe machine during the runs:\n" + machine_loads(runs))
 
 

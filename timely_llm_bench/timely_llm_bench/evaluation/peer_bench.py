@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.request
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,8 @@ class RunRecord:
     response: float | None
     completion: float | None
     plan: str
+    reason: str = ""
+    """Why the node ended a plan that gave its robot no action (empty where it did, and on the streaming side)."""
 
 
 @dataclass
@@ -344,7 +347,8 @@ def _node_record(outcome: Outcome, skills: dict[str, SkillModel]) -> RunRecord:
         raise ValueError(f"request {outcome.id} replayed no trace")  # node_replay sends each with its trace
     grammatical = ok and _grammar(skills[outcome.robot]).accepts(outcome.plan)
     return RunRecord(outcome.id, outcome.category, outcome.trace, ok, grammatical,
-                     outcome.response_time if ok else None, outcome.completion_time if ok else None, outcome.plan)
+                     outcome.response_time if ok else None, outcome.completion_time if ok else None, outcome.plan,
+                     "" if ok else outcome.reason or f"{outcome.status.value}, no statement in the token budget")
 
 
 def _grammar(robot: SkillModel) -> PlanGrammar:
@@ -501,6 +505,17 @@ def kv_reuse(runs: list[Run]) -> str:
         lines.append(f"{run.workload} {run.side} {run.config} round {run.round}: "
                      f"{run_kv_reuse(run.log).describe()}{where}")
     return "\n".join(lines)
+
+
+def failures(runs: list[Run]) -> str:
+    """One line per node run whose plans ended without an action for a reason of the node's: how many, and why."""
+    lines = []
+    for run in sorted(runs, key=lambda r: (r.workload, r.side, r.config, r.round)):
+        reasons = Counter(r.reason for r in run.records if r.reason)
+        if reasons:
+            why = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
+            lines.append(f"{run.workload} {run.side} {run.config} round {run.round}: {why}")
+    return "\n".join(lines) or "none"
 
 
 def _row_order(key: tuple[str, str, str]) -> tuple:
