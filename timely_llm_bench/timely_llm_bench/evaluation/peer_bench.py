@@ -508,7 +508,7 @@ def kv_reuse(runs: list[Run]) -> str:
 
 
 def failures(runs: list[Run]) -> str:
-    """One line per node run whose plans ended without an action for a reason of the node's: how many, and why."""
+    """One line per node run with plans that gave their robot no action: how many ended so, and why."""
     lines = []
     for run in sorted(runs, key=lambda r: (r.workload, r.side, r.config, r.round)):
         reasons = Counter(r.reason for r in run.records if r.reason)
