@@ -449,8 +449,7 @@ def first_segments(runs: list[Run], category: str = "urgent") -> str:
     head = ["workload", "policy", "round", "n", "response (s)", "queued", "prefill steps", "decode steps",
             "decode steps (n)", "ms / decode step", "decode batch", "empty steps", "outside the engine"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    for run in sorted((r for r in runs if r.log and r.side in ("node", NODE_REMOTE)),
-                      key=lambda r: (r.workload, r.side, r.config, r.round)):
+    for run in sorted((r for r in runs if r.log and r.side in ("node", NODE_REMOTE)), key=_run_order):
         assert run.log is not None  # the runs with a step log only
         rows = [first_segment_times(run.log, rec.id) for rec in run.records
                 if rec.category == category and rec.succeeded and rec.id in run.log["segments"]]
@@ -496,7 +495,7 @@ def kv_reuse(runs: list[Run]) -> str:
     """One line per node run: the share of resumed context served from kept or cached KV, and the tokens
     recomputed; on the remote engine with each server's prefix-cache hit rate over the run."""
     lines = []
-    for run in sorted((r for r in runs if r.log), key=lambda r: (r.workload, r.side, r.config, r.round)):
+    for run in sorted((r for r in runs if r.log), key=_run_order):
         assert run.log is not None  # the runs with a step log only
         servers = run.log.get("prefix_cache") or {}
         rates = [f"{url} {100 * c.hits / c.queries:.1f}% of {c.queries} tokens looked up"
@@ -510,12 +509,17 @@ def kv_reuse(runs: list[Run]) -> str:
 def failures(runs: list[Run]) -> str:
     """One line per node run with plans that gave their robot no action: how many ended so, and why."""
     lines = []
-    for run in sorted(runs, key=lambda r: (r.workload, r.side, r.config, r.round)):
+    for run in sorted(runs, key=_run_order):
         reasons = Counter(r.reason for r in run.records if r.reason)
         if reasons:
             why = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
             lines.append(f"{run.workload} {run.side} {run.config} round {run.round}: {why}")
     return "\n".join(lines) or "none"
+
+
+def _run_order(run: Run) -> tuple[str, str, str, int]:
+    """The order the per-run lines are printed in."""
+    return run.workload, run.side, run.config, run.round
 
 
 def _row_order(key: tuple[str, str, str]) -> tuple:
