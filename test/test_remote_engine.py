@@ -7,6 +7,7 @@ The engine contract itself runs on a real server in test_engine_contract.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +22,8 @@ from guards import bounded, wait_until
 from remote_servers import API_KEY, API_KEY_ENV, free_tcp_port, settings
 
 from timely_llm.engines.base import EngineRejected, GenerationSpec, StepOutput
-from timely_llm.engines.remote import RemoteEngine
+from timely_llm.engines.remote import SILENT_SHARE, RemoteEngine
+from timely_llm.engines.remote_servers import base_url
 from timely_llm.engines.remote_settings import RemoteSettings
 from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_file import load_skill_models
@@ -42,6 +44,8 @@ class Fake:
     mode: str = "ok"
     """ok (three tokens, then length), garbage, silent (headers, then nothing), error (HTTP 500)."""
     healthy: bool = True
+    silence_s: float = 3.0
+    """How long a silent completion holds its stream open."""
     authorizations: list[str] = field(default_factory=list)
     completions: int = 0
 
@@ -85,7 +89,7 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"data: {this is not json\n\n")
             elif fake.mode == "silent":
                 self.wfile.flush()
-                time.sleep(3)
+                time.sleep(fake.silence_s)
             else:
                 for i, finish in ((5, None), (6, None), (7, "length")):
                     chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [i], "finish_reason": finish}]}
@@ -96,15 +100,24 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@pytest.fixture
-def fake() -> Iterator[tuple[Fake, str]]:
-    state = Fake()
+@contextlib.contextmanager
+def _serving(state: Fake) -> Iterator[str]:
+    """The fake server answering as ``state`` says, at the URL yielded."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[Fake, str]]:
+    state = Fake()
+    with _serving(state) as url:
+        yield state, url
 
 
 @pytest.fixture
@@ -199,6 +212,27 @@ def test_garbage_and_silence_fail_only_their_generation_with_the_cause(fake: tup
         assert tokens == [5, 6, 7]
     finally:
         engine.close()
+
+
+def test_a_server_whose_streams_went_silent_gets_no_new_generation_while_another_answers(key: str) -> None:
+    quiet, answering = Fake(mode="silent", silence_s=60.0), Fake()
+    with _serving(quiet) as quiet_url, _serving(answering) as answering_url:
+        engine = RemoteEngine(settings(quiet_url, answering_url, timeout=8.0))  # silent after 8 s x SILENT_SHARE
+        prompt = list(range(1, 41))  # two full KV blocks, which a second plan of the same task finds cached
+        try:
+            for gen_id in ("first", "second"):
+                engine.start(GenerationSpec(gen_id, prompt, max_new_tokens=3))
+                assert engine.server_of(gen_id) == base_url(quiet_url)  # the cache wins: the server is not silent yet
+            for _ in patience(30.0):
+                engine.step()
+                if engine.servers()[0].silent_s is not None:
+                    break
+            assert engine.servers()[0].silent_s >= 8.0 * SILENT_SHARE and engine.servers()[1].silent_s is None
+            engine.start(GenerationSpec("third", prompt, max_new_tokens=3))
+            assert engine.server_of("third") == base_url(answering_url)
+            assert steps_until(engine, "third").finished == {"third": "length"}
+        finally:
+            engine.close()
 
 
 def test_a_failing_server_is_taken_out_and_back_when_it_answers_again(fake: tuple[Fake, str], key: str) -> None:

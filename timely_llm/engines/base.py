@@ -161,6 +161,8 @@ class ServerHealth:
     open_streams: int
     """Generations streaming from it now."""
     model: str = ""
+    silent_s: float | None = None
+    """How long its open streams have gone without a token, once so long that new generations go elsewhere."""
 
 
 class Engine(ABC):
@@ -172,6 +174,8 @@ class Engine(ABC):
     suspends_in_place: bool = False
     """A suspension keeps the generation's KV where it is (until a newcomer needs the memory), so a
     resume prefills nothing; otherwise the KV goes to the prefix cache and a resume recomputes its tail."""
+    server_count: int = 1
+    """Servers the engine spreads its batch over, each stepping its share at the same time."""
     steps_are_iterations: bool = True
     """A step's duration is one model iteration over the generations that got tokens in it, so the step-time
     models learn from it; False where a step only collects what servers streamed while the node waited (the

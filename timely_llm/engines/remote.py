@@ -11,9 +11,10 @@ network longer than that (the tokenizer aside, when it is the server's: docs/rem
 Several servers: a new generation goes where its prompt's leading KV blocks are cached (the engine's record of the
 contexts it had each server compute), among the answering servers with room and near the least busy; then to the
 fewest open streams, then the most free KV (remote_prefixes.py). Its resumes go back to the same server, which
-holds its KV. A server that fails (connection refused or
-lost, HTTP 5xx) fails its open streams (``StepOutput.failed``, with the cause), refuses the resumes of its
-suspended generations, and is probed (``/health``, with backoff) until it answers again.
+holds its KV. A server whose open streams have gone ``SILENT_SHARE`` of the read timeout without a token takes no
+new generation while another answers (its streams are likely to fail; it is still up). A server that fails
+(connection refused or lost, HTTP 5xx) fails its open streams (``StepOutput.failed``, with the cause), refuses the
+resumes of its suspended generations, and is probed (``/health``, with backoff) until it answers again.
 
 KV memory: a server's capacity is what its ``vllm:cache_config_info`` metric says (else its batch cap of full
 contexts); a running generation holds its context there, a suspended one nothing (its KV is the server's prefix
@@ -62,6 +63,10 @@ from timely_llm.engines.remote_tokenizer import LocalTokenizer, ServerTokenizer
 
 DEFAULT_BLOCK_SIZE = 16
 """KV block size where a server does not say its own (vLLM's GPU default)."""
+SILENT_SHARE = 0.25
+"""A server whose open streams have gone this share of ``remote.timeout`` without a token (15 s of 60) takes no new
+generation while another answers: its streams will likely fail at the timeout, and a new one placed there with
+them (seen on two CPU servers sharing 2 cores, one starved)."""
 
 
 @dataclass
@@ -97,6 +102,7 @@ class RemoteEngine(Engine):
         self._max_model_len = served.max_model_len
         self.block_size: int = served.block_size or DEFAULT_BLOCK_SIZE
         self.max_batch: int = settings.max_num_seqs * len(self._servers)
+        self.server_count = len(self._servers)
         self.device = f"remote: {', '.join(s.url for s in self._servers)}"
         first = next(s for s in self._servers if s.served is not None)
         self.tokenizer = (LocalTokenizer(settings.tokenizer) if settings.tokenizer
@@ -105,6 +111,7 @@ class RemoteEngine(Engine):
         self._prefixes = {s.url: PrefixIndex(self.block_size, self._capacity(s)) for s in self._servers}
         self._asked = {s.url: PrefixCacheCounts() for s in self._servers}
         self._streams = RemoteStreams(headers, timeout, self._servers, self._describe_again)
+        self._silence = settings.timeout * SILENT_SHARE
 
     # ----- the Engine contract -----
 
@@ -123,7 +130,7 @@ class RemoteEngine(Engine):
                           context_tokens=len(context), awaiting_first=True, warm_only=spec.forced_ids == [])
         self._gens[spec.gen_id] = gen
         gen.live = self._streams.open(spec.gen_id, gen.stream, server, body)
-        server.open += 1
+        server.opened(time.monotonic())
         self._count_start(server, spec, context)
 
     def suspend(self, gen_id: str) -> None:
@@ -163,7 +170,9 @@ class RemoteEngine(Engine):
         return -(-num_tokens // self.block_size)
 
     def servers(self) -> list[ServerHealth]:
-        return [ServerHealth(s.url, s.down, s.down_since, s.open, s.served.model if s.served else "")
+        now = time.monotonic()
+        return [ServerHealth(s.url, s.down, s.down_since, s.open, s.served.model if s.served else "",
+                             silent if (silent := s.silent_for(now)) >= self._silence else None)
                 for s in self._servers]
 
     def server_of(self, gen_id: str) -> str:
@@ -223,8 +232,9 @@ class RemoteEngine(Engine):
         if not answering:
             causes = "; ".join(f"{s.url}: {s.down}" for s in self._servers)
             raise EngineRejected(f"{gen_id}: no remote server answers ({causes})")
-        candidates = [Candidate(self._prefixes[s.url].cached_blocks(prompt_ids), s.open, self._free_on(s))
-                      for s in answering]
+        now = time.monotonic()
+        candidates = [Candidate(self._prefixes[s.url].cached_blocks(prompt_ids), s.open, self._free_on(s),
+                                silent=s.silent_for(now) >= self._silence) for s in answering]
         return answering[choose_server(candidates, self._settings.max_num_seqs)]
 
     def _count_start(self, server: RemoteServer, spec: GenerationSpec, context: list[int]) -> None:
@@ -271,7 +281,7 @@ class RemoteEngine(Engine):
         gen.live.cancel()
         gen.live = None
         gen.stream += 1
-        gen.server.open -= 1
+        gen.server.closed()
         self._prefixes[gen.server.url].add((gen.spec.prompt_ids + gen.output_ids)[:-1])
 
     def _apply(self, gen_id: str, stream: int, chunk: Chunk | None, cause: str | None, result: StepOutput) -> None:
@@ -283,6 +293,7 @@ class RemoteEngine(Engine):
             result.failed[gen_id] = cause
             return
         assert chunk is not None  # an event holds a chunk or a cause
+        gen.server.heard(time.monotonic())
         if gen.awaiting_first:
             gen.awaiting_first = False
             result.started[gen_id] = ResumeInfo(gen.context_tokens, 0, reported=False)

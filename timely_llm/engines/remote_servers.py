@@ -71,6 +71,8 @@ class RemoteServer:
         self.served: ServedModel | None = None
         self.open = 0
         """Streams open on it now."""
+        self.quiet_since = 0.0
+        """When (``time.monotonic``) its open streams last sent a token, or the first of them opened."""
         self.down: str | None = None
         """Why it is taken out (None while it answers) ..."""
         self.down_since: float | None = None
@@ -104,6 +106,23 @@ class RemoteServer:
         self.served = ServedModel(model, max_len if isinstance(max_len, int) else None, _api(api, version),
                                   version, block_size, kv_blocks)
         return self.served
+
+    def opened(self, now: float) -> None:
+        """A stream opened on it."""
+        if self.open == 0:
+            self.quiet_since = now
+        self.open += 1
+
+    def closed(self) -> None:
+        self.open -= 1
+
+    def heard(self, now: float) -> None:
+        """One of its streams sent a token."""
+        self.quiet_since = now
+
+    def silent_for(self, now: float) -> float:
+        """How long its open streams have gone without a token (0 with none open)."""
+        return now - self.quiet_since if self.open else 0.0
 
     def failed(self, cause: str, now: float) -> None:
         """Take the server out until a probe finds it answering again."""

@@ -112,12 +112,15 @@ def _robot_type_status(node: str, t: RobotTypeLine) -> DiagnosticStatus:
 
 def _remote_server_status(node: str, h: ServerHealth) -> DiagnosticStatus:
     since = "" if h.down_since is None else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(h.down_since))
-    message = "up" if h.down is None else f"down since {since}: {h.down}"
+    silent = "" if h.silent_s is None else f"{h.silent_s:.0f}"
+    message = f"down since {since}: {h.down}" if h.down is not None else \
+        f"up, its open streams silent for {silent} s: new goals go elsewhere" if silent else "up"
     values = {"up": h.down is None, "down since": since,
               "down for (s)": "" if h.down_since is None else f"{time.time() - h.down_since:.0f}",
-              "cause": h.down or "", "open streams": h.open_streams, "model": h.model}
-    return _status(OK if h.down is None else ERROR, f"{node}: remote server {h.url}", message, h.url,
-                   values)
+              "cause": h.down or "", "open streams": h.open_streams, "open streams silent for (s)": silent,
+              "model": h.model}
+    level = ERROR if h.down is not None else WARN if silent else OK
+    return _status(level, f"{node}: remote server {h.url}", message, h.url, values)
 
 
 def _server_status(s: Snapshot) -> DiagnosticStatus:
