@@ -3,6 +3,8 @@ they hand back for the loop to carry out."""
 
 from __future__ import annotations
 
+import pytest
+
 from timely_llm.core.estimator import SegmentTimes
 from timely_llm.core.features import Features
 from timely_llm.core.overload import INFEASIBLE_REASON
@@ -169,3 +171,26 @@ def test_the_step_time_models_learn_only_from_steps_that_are_engine_iterations()
     kept = _after_one_slow_decode_step(steps_are_iterations=False)
     assert kept.batch.steps.predict(1) is None
     assert isinstance(kept.times, SegmentTimes) and kept.times.step_factor == 1.0
+
+
+def _scheduler_over(servers: int, max_batch: int) -> Scheduler:
+    engine = SimEngine(load_profile("rtx4090-llama3-8b"))
+    engine.server_count = servers
+    config = ServerConfig("timelyllm", LATENCY, Features(timebill=True, ala=True), max_batch=max_batch,
+                          step_profile=engine.profile)
+    return build_scheduler(config, engine, SKILLS)
+
+
+def test_the_step_time_models_read_a_batch_spread_over_servers_as_each_servers_share() -> None:
+    """Two servers each step half the batch at once: read as one server's batch, the pair's batch of 128 passed
+    one server's knee and ALA refused admissions two servers had room for."""
+    one, two = _scheduler_over(1, 64), _scheduler_over(2, 128)
+    for batch in (1, 8, 64):
+        assert two.batch.step_time(2 * batch) == pytest.approx(one.batch.step_time(batch), rel=1e-4)
+    assert two.batch.step_time(64) < 0.9 * two.batch.step_time(128)
+    one_knee = one.batch.throughput.knee(64)
+    two_knee = two.batch.throughput.knee(128)
+    assert one_knee is not None and two_knee is not None and 1.8 * one_knee <= two_knee <= 2.2 * one_knee
+    assert isinstance(one.times, SegmentTimes) and isinstance(two.times, SegmentTimes)
+    assert two.times.token_time(16, 900) == one.times.token_time(8, 900)
+    assert two.times.token_time(15, 900) == one.times.token_time(8, 900)

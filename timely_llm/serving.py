@@ -21,7 +21,7 @@ from timely_llm.core.places import RequestPlaces
 from timely_llm.core.policies import ServingPolicy, serving_policy
 from timely_llm.core.queue import GenerationQueue
 from timely_llm.core.request import Request, Segment
-from timely_llm.core.throughput import TYPICAL_CONTEXT, ThroughputModel, derive_curve
+from timely_llm.core.throughput import PRIOR_SIZES, TYPICAL_CONTEXT, ThroughputModel, derive_curve
 from timely_llm.engines.base import DEFAULT_MAX_NEW_TOKENS, Engine
 from timely_llm.engines.hardware import HardwareProfile
 from timely_llm.plan.skills import SkillModel
@@ -92,6 +92,8 @@ def build_server(config: ServerConfig, engine: Engine, robots: dict[str, SkillMo
 def build_scheduler(config: ServerConfig, engine: Engine, robots: dict[str, SkillModel]) -> Scheduler:
     """The scheduler of a server, with the parts its policy runs with and do-nothing stand-ins for the rest."""
     parts, policy, latency, estimator = config.parts, config.serving_policy, config.network_latency, config.estimator()
+    if estimator is not None:
+        estimator = estimator.spread_over(engine.server_count)
     counters: Counter[str] = Counter()
     timebill = _segment_times(estimator, robots, engine.block_size) if parts.timebill else None
     batch = BatchController(policy.adaptive_batch, batch_cap(config.max_batch, engine), latency,
@@ -228,4 +230,6 @@ def _throughput_model(estimator: ExecutionTimeEstimator | None) -> ThroughputMod
     from the decode steps measured."""
     if estimator is None:
         return ThroughputModel()
-    return ThroughputModel(derive_curve(lambda batch: estimator.decode_step(batch, batch * TYPICAL_CONTEXT)))
+    sizes = [size * estimator.servers for size in PRIOR_SIZES]  # each server's share at the sizes one server has
+    return ThroughputModel(derive_curve(lambda batch: estimator.decode_step(batch, batch * TYPICAL_CONTEXT), sizes),
+                           sizes, estimator.servers)

@@ -20,7 +20,7 @@ of the batch it would join. The worst case (WCET) takes the pessimistic length
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,6 +62,8 @@ class ExecutionTimeEstimator:
     """Decode: per context token attended over."""
     stall: float = 0.0
     """Prefill: a fixed cost of any step that prefills (paper 004's c_p); 0 where prefill is chunked into decode."""
+    servers: int = 1
+    """Servers a batch is spread over, each stepping its share at the same time (``spread_over``)."""
 
     @classmethod
     def from_profile(cls, profile: HardwareProfile) -> ExecutionTimeEstimator:
@@ -88,8 +90,18 @@ class ExecutionTimeEstimator:
         return self.stall + (self.b + self.a * context_tokens) * new_tokens
 
     def decode_step(self, batch: int, kv_tokens: float) -> float:
-        """One decode step of ``batch`` generations attending over ``kv_tokens`` context tokens in all."""
-        return self.c + self.s * batch + self.p * kv_tokens
+        """One decode step of ``batch`` generations attending over ``kv_tokens`` context tokens in all: over
+        several servers, the step of the busiest one, running its even share of both."""
+        share = -(-batch // self.servers)
+        if share < batch:
+            kv_tokens *= share / batch
+        return self.c + self.s * share + self.p * kv_tokens
+
+    def spread_over(self, servers: int) -> ExecutionTimeEstimator:
+        """The same hardware's steps for a batch spread over ``servers`` identical servers."""
+        if servers < 1:
+            raise ValueError(f"a batch is spread over one server or more, got {servers}")
+        return replace(self, servers=servers)
 
 
 def estimator_for(features: Features, profile: HardwareProfile | None,

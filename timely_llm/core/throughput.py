@@ -63,18 +63,19 @@ class ThroughputCurve:
         rate = self.thpt(batch)
         return batch / rate if rate > 0 else math.inf
 
-    def knee(self, limit: int, speed: float = KNEE_SPEED) -> int:
+    def knee(self, limit: int, speed: float = KNEE_SPEED, servers: int = 1) -> int:
         """Largest batch size in [1, ``limit``] whose per-generation speed thpt(bb)/bb is at least ``speed``
-        times the speed alone, thpt(1).
+        times the speed alone: thpt(1), or over ``servers`` servers sharing the batch, thpt(servers)/servers
+        (one generation on each).
 
         Throughput keeps rising past it, but every generation already running, the protected
         urgent ones included, decodes more than 1/``speed`` times slower than alone: the
         newcomer's gain is paid by their slower steps.
         """
-        alone = self.thpt(1)
+        alone = self.thpt(servers) / servers
         if alone <= 0:
             return 1
-        for batch in range(2, limit + 1):
+        for batch in range(servers + 1, limit + 1):
             if self.thpt(batch) / batch < speed * alone:
                 return batch - 1
         return limit
@@ -137,8 +138,11 @@ def derive_curve(step_time: Callable[[int], float], sizes: Iterable[int] = PRIOR
 class ThroughputModel:
     """The fitted curve the batch controller asks: a prior, refined online from measured decode steps."""
 
-    def __init__(self, prior: ThroughputCurve | None = None, prior_sizes: Iterable[int] = PRIOR_SIZES) -> None:
+    def __init__(self, prior: ThroughputCurve | None = None, prior_sizes: Iterable[int] = PRIOR_SIZES,
+                 servers: int = 1) -> None:
         self.prior = prior
+        self.servers = servers
+        """Servers the batch is spread over (``ThroughputCurve.knee``)."""
         self._prior_sizes = tuple(prior_sizes) if prior is not None else ()
         self._steps: dict[int, list[float]] = {}  # batch size -> [count, mean step seconds]
         self._since_fit = 0
@@ -207,7 +211,7 @@ class ThroughputModel:
             for curve in (self._online, self.prior):
                 if curve is None:
                     continue
-                knee = curve.knee(limit, speed)
+                knee = curve.knee(limit, speed, self.servers)
                 found = self.source(knee)
                 if found is not None and found[0] is curve:
                     self._knee[key] = knee

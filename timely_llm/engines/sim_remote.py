@@ -71,6 +71,7 @@ class RemoteSimEngine(Engine):
             raise ValueError(f"profile {profile.name} has no http section")
         self.profile = profile
         self._servers = [_Server(SimEngine(profile, tokenizer)) for _ in range(int(profile.http["servers"]))]
+        self.server_count = len(self._servers)
         self.tokenizer = self._servers[0].engine.tokenizer
         self.block_size = self._servers[0].engine.block_size
         self.request_overhead = profile.http["request_overhead"]
