@@ -95,8 +95,9 @@ def test_a_new_generation_follows_its_cached_prompt_while_that_server_has_room_a
     assert choose_server([Candidate(3, 1, 10), Candidate(3, 1, 90)], max_open=8) == 1  # ties: the most free KV
 
 
-def test_a_server_gone_silent_gets_a_new_generation_only_when_every_server_has() -> None:
+def test_a_server_gone_silent_gets_a_new_generation_only_when_no_other_has_room() -> None:
     silent_warm, cold = Candidate(28, 1, 100, silent=True), Candidate(0, 2, 50)
     assert choose_server([silent_warm, cold], max_open=8) == 1
     assert choose_server([cold, silent_warm, Candidate(28, 0, 50, silent=True)], max_open=8) == 0
+    assert choose_server([silent_warm, Candidate(0, 8, 50)], max_open=8) == 0  # the other is full
     assert choose_server([silent_warm, Candidate(0, 2, 50, silent=True)], max_open=8) == 0  # all silent: as usual

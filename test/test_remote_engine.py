@@ -214,21 +214,31 @@ def test_garbage_and_silence_fail_only_their_generation_with_the_cause(fake: tup
         engine.close()
 
 
-def test_a_server_whose_streams_went_silent_gets_no_new_generation_while_another_answers(key: str) -> None:
+def test_plans_waiting_on_a_server_gone_silent_start_again_on_one_that_answers(key: str) -> None:
     quiet, answering = Fake(mode="silent", silence_s=60.0), Fake()
     with _serving(quiet) as quiet_url, _serving(answering) as answering_url:
-        engine = RemoteEngine(settings(quiet_url, answering_url, timeout=8.0))  # silent after 8 s x SILENT_SHARE
+        engine = RemoteEngine(settings(quiet_url, answering_url, timeout=8.0))  # stalled after 8 s x SILENT_SHARE
         prompt = list(range(1, 41))  # two full KV blocks, which a second plan of the same task finds cached
         try:
             for gen_id in ("first", "second"):
                 engine.start(GenerationSpec(gen_id, prompt, max_new_tokens=3))
-                assert engine.server_of(gen_id) == base_url(quiet_url)  # the cache wins: the server is not silent yet
+                assert engine.server_of(gen_id) == base_url(quiet_url)  # the cache wins: not stalled yet
+            tokens: dict[str, list[int]] = {"first": [], "second": []}
+            finished: dict[str, str] = {}
             for _ in patience(30.0):
-                engine.step()
-                if engine.servers()[0].silent_s is not None:
+                out = engine.step()
+                assert not out.failed
+                for gen_id, new in out.new_tokens.items():
+                    tokens[gen_id] += new
+                finished |= out.finished
+                if len(finished) == 2:
                     break
-            assert engine.servers()[0].silent_s >= 8.0 * SILENT_SHARE and engine.servers()[1].silent_s is None
-            engine.start(GenerationSpec("third", prompt, max_new_tokens=3))
+            assert finished == {"first": "length", "second": "length"} and tokens["first"] == [5, 6, 7]
+            assert {engine.server_of(g) for g in finished} == {base_url(answering_url)}
+            assert quiet.completions == 2 and answering.completions == 2
+            stalled = engine.servers()[0].silent_s
+            assert stalled is not None and stalled >= 8.0 * SILENT_SHARE and engine.servers()[1].silent_s is None
+            engine.start(GenerationSpec("third", prompt, max_new_tokens=3))  # its prompt is cached on the stalled one
             assert engine.server_of("third") == base_url(answering_url)
             assert steps_until(engine, "third").finished == {"third": "length"}
         finally:

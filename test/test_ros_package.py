@@ -480,9 +480,9 @@ def test_a_remote_servers_status_says_up_silent_or_down_since_when_with_its_open
         ServerHealth("http://b:8000", "ConnectError: refused", down_since, 0, "m"),
         ServerHealth("http://c:8000", None, None, 2, "m", silent_s=21.4)])
     up, down, silent = diagnostic_array(snapshot, TimeMsg()).status[1:]
-    assert silent.level == DiagnosticStatus.WARN and _values(silent)["open streams silent for (s)"] == "21"
-    assert silent.message == "up, its open streams silent for 21 s: new goals go elsewhere"
-    assert _values(up)["open streams silent for (s)"] == ""
+    assert silent.level == DiagnosticStatus.WARN and _values(silent)["stalled, silent for (s)"] == "21"
+    assert silent.message == "up, stalled: its streams silent for 21 s (new goals go elsewhere)"
+    assert _values(up)["stalled, silent for (s)"] == ""
     assert (up.name, up.level, up.hardware_id, up.message) == ("/n: remote server http://a:8000",
                                                                 DiagnosticStatus.OK, "http://a:8000", "up")
     assert _values(up)["open streams"] == "3" and _values(up)["up"] == "True"

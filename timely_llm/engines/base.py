@@ -162,7 +162,8 @@ class ServerHealth:
     """Generations streaming from it now."""
     model: str = ""
     silent_s: float | None = None
-    """How long its open streams have gone without a token, once so long that new generations go elsewhere."""
+    """How long its streams have sent no token, once so long that it is stalled (new generations go elsewhere);
+    None while it is not."""
 
 
 class Engine(ABC):

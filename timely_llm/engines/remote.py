@@ -11,8 +11,9 @@ network longer than that (the tokenizer aside, when it is the server's: docs/rem
 Several servers: a new generation goes where its prompt's leading KV blocks are cached (the engine's record of the
 contexts it had each server compute), among the answering servers with room and near the least busy; then to the
 fewest open streams, then the most free KV (remote_prefixes.py). Its resumes go back to the same server, which
-holds its KV. A server whose open streams have gone ``SILENT_SHARE`` of the read timeout without a token takes no
-new generation while another answers (its streams are likely to fail; it is still up). A server that fails
+holds its KV. A server whose open streams have gone ``SILENT_SHARE`` of the read timeout without a token is stalled
+until it sends one: the generations there still waiting for their first token start again elsewhere, and new ones
+go to it only when no server that answers has room. A server that fails
 (connection refused or lost, HTTP 5xx) fails its open streams (``StepOutput.failed``, with the cause), refuses the
 resumes of its suspended generations, and is probed (``/health``, with backoff) until it answers again.
 
@@ -64,9 +65,8 @@ from timely_llm.engines.remote_tokenizer import LocalTokenizer, ServerTokenizer
 DEFAULT_BLOCK_SIZE = 16
 """KV block size where a server does not say its own (vLLM's GPU default)."""
 SILENT_SHARE = 0.25
-"""A server whose open streams have gone this share of ``remote.timeout`` without a token (15 s of 60) takes no new
-generation while another answers: its streams will likely fail at the timeout, and a new one placed there with
-them (seen on two CPU servers sharing 2 cores, one starved)."""
+"""A server whose open streams have gone this share of ``remote.timeout`` without a token (15 s of 60) is stalled:
+its streams will likely fail at the timeout (seen on two CPU servers sharing 2 cores, one starved)."""
 
 
 @dataclass
@@ -82,6 +82,8 @@ class _Generation:
     awaiting_first: bool = False
     warm_only: bool = False
     """A prefill-only start (forced_ids == []): its one token is no output."""
+    max_tokens: int = 0
+    """What its stream may generate."""
 
 
 class RemoteEngine(Engine):
@@ -124,10 +126,15 @@ class RemoteEngine(Engine):
         server = gen.server if gen is not None else self._place(spec.gen_id, spec.prompt_ids)
         if server.down is not None:
             raise EngineRejected(f"{spec.gen_id}: its server {server.url} (which holds its KV) is down: {server.down}")
+        self._open(spec, server, gen.stream + 1 if gen else 1, max_tokens)
+
+    def _open(self, spec: GenerationSpec, server: RemoteServer, stream: int, max_tokens: int) -> None:
+        """Stream number ``stream`` of ``spec`` from ``server``."""
+        context = spec.prompt_ids + spec.output_ids
         grammar = None if spec.forced_ids is not None else _grammar(spec, self.tokenizer)
         body = request_body(self.model, server.api, context, max_tokens, grammar, spec.priority)
-        gen = _Generation(spec, server, list(spec.output_ids), stream=gen.stream + 1 if gen else 1,
-                          context_tokens=len(context), awaiting_first=True, warm_only=spec.forced_ids == [])
+        gen = _Generation(spec, server, list(spec.output_ids), stream=stream, context_tokens=len(context),
+                          awaiting_first=True, warm_only=spec.forced_ids == [], max_tokens=max_tokens)
         self._gens[spec.gen_id] = gen
         gen.live = self._streams.open(spec.gen_id, gen.stream, server, body)
         server.opened(time.monotonic())
@@ -146,6 +153,7 @@ class RemoteEngine(Engine):
 
     def step(self) -> StepOutput:
         began = time.perf_counter()
+        self._leave_stalled_servers()
         events = self._streams.events(wait=any(g.live is not None for g in self._gens.values()))
         result = StepOutput(duration=0.0)
         for event in events:
@@ -172,7 +180,7 @@ class RemoteEngine(Engine):
     def servers(self) -> list[ServerHealth]:
         now = time.monotonic()
         return [ServerHealth(s.url, s.down, s.down_since, s.open, s.served.model if s.served else "",
-                             silent if (silent := s.silent_for(now)) >= self._silence else None)
+                             None if s.stalled_since is None else now - s.stalled_since)
                 for s in self._servers]
 
     def server_of(self, gen_id: str) -> str:
@@ -223,6 +231,19 @@ class RemoteEngine(Engine):
             raise EngineRejected(f"{spec.gen_id}: token budget {spec.max_new_tokens} spent")
         return budget if room is None else min(budget, room)
 
+    def _leave_stalled_servers(self) -> None:
+        """Generations still waiting for their first token on a server whose streams went silent start again on one
+        that answers (none of their KV is on the stalled one: it computed nothing they got)."""
+        now = time.monotonic()
+        if not [s for s in self._servers if s.stalled(now, self._silence)]:
+            return
+        if not any(s.down is None and s.served is not None and s.stalled_since is None for s in self._servers):
+            return
+        for gen in list(self._gens.values()):
+            if gen.live is not None and gen.awaiting_first and gen.server.stalled_since is not None:
+                self._close(gen)
+                self._open(gen.spec, self._place(gen.spec.gen_id, gen.spec.prompt_ids), gen.stream, gen.max_tokens)
+
     def _place(self, gen_id: str, prompt_ids: list[int]) -> RemoteServer:
         """Among the answering servers, where the prompt's leading blocks are cached (``choose_server``)."""
         answering = [s for s in self._servers if s.down is None and s.served is not None]
@@ -232,9 +253,8 @@ class RemoteEngine(Engine):
         if not answering:
             causes = "; ".join(f"{s.url}: {s.down}" for s in self._servers)
             raise EngineRejected(f"{gen_id}: no remote server answers ({causes})")
-        now = time.monotonic()
         candidates = [Candidate(self._prefixes[s.url].cached_blocks(prompt_ids), s.open, self._free_on(s),
-                                silent=s.silent_for(now) >= self._silence) for s in answering]
+                                silent=s.stalled_since is not None) for s in answering]
         return answering[choose_server(candidates, self._settings.max_num_seqs)]
 
     def _count_start(self, server: RemoteServer, spec: GenerationSpec, context: list[int]) -> None:

@@ -32,16 +32,16 @@ class Candidate:
     """Generations streaming from it now."""
     free_blocks: int
     silent: bool = False
-    """Its open streams have long gone without a token (``remote.SILENT_SHARE``)."""
+    """Its streams have long gone without a token (stalled: ``remote.SILENT_SHARE``)."""
 
 
 def choose_server(candidates: list[Candidate], max_open: int) -> int:
     """The index of the server a new generation goes to: where most of its prompt's leading blocks are cached, among
     those with room (fewer than ``max_open`` open) within ``BALANCE_SLACK`` of the least busy; then the fewest open,
-    then the most free KV (all full: the least busy); servers gone silent only when all are. The remote engine and
-    its simulator place alike."""
-    speaking = [i for i, c in enumerate(candidates) if not c.silent]
-    if 0 < len(speaking) < len(candidates):
+    then the most free KV (all full: the least busy). A server gone silent only when no other has room. The remote
+    engine and its simulator place alike."""
+    speaking = [i for i, c in enumerate(candidates) if not c.silent and c.open < max_open]
+    if speaking and any(c.silent for c in candidates):
         return speaking[choose_server([candidates[i] for i in speaking], max_open)]
     least = min(c.open for c in candidates)
     near = [i for i, c in enumerate(candidates) if c.open - least <= BALANCE_SLACK and c.open < max_open]

@@ -73,6 +73,9 @@ class RemoteServer:
         """Streams open on it now."""
         self.quiet_since = 0.0
         """When (``time.monotonic``) its open streams last sent a token, or the first of them opened."""
+        self.stalled_since: float | None = None
+        """Since when its streams have sent no token, once that lasted long enough to stall it; None again at its
+        next token."""
         self.down: str | None = None
         """Why it is taken out (None while it answers) ..."""
         self.down_since: float | None = None
@@ -119,10 +122,13 @@ class RemoteServer:
     def heard(self, now: float) -> None:
         """One of its streams sent a token."""
         self.quiet_since = now
+        self.stalled_since = None
 
-    def silent_for(self, now: float) -> float:
-        """How long its open streams have gone without a token (0 with none open)."""
-        return now - self.quiet_since if self.open else 0.0
+    def stalled(self, now: float, silence: float) -> bool:
+        """Whether it is stalled: its open streams went ``silence`` seconds without a token, and none came since."""
+        if self.open and now - self.quiet_since >= silence:
+            self.stalled_since = self.quiet_since
+        return self.stalled_since is not None
 
     def failed(self, cause: str, now: float) -> None:
         """Take the server out until a probe finds it answering again."""

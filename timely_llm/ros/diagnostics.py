@@ -114,10 +114,10 @@ def _remote_server_status(node: str, h: ServerHealth) -> DiagnosticStatus:
     since = "" if h.down_since is None else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(h.down_since))
     silent = "" if h.silent_s is None else f"{h.silent_s:.0f}"
     message = f"down since {since}: {h.down}" if h.down is not None else \
-        f"up, its open streams silent for {silent} s: new goals go elsewhere" if silent else "up"
+        f"up, stalled: its streams silent for {silent} s (new goals go elsewhere)" if silent else "up"
     values = {"up": h.down is None, "down since": since,
               "down for (s)": "" if h.down_since is None else f"{time.time() - h.down_since:.0f}",
-              "cause": h.down or "", "open streams": h.open_streams, "open streams silent for (s)": silent,
+              "cause": h.down or "", "open streams": h.open_streams, "stalled, silent for (s)": silent,
               "model": h.model}
     level = ERROR if h.down is not None else WARN if silent else OK
     return _status(level, f"{node}: remote server {h.url}", message, h.url, values)
