@@ -22,6 +22,7 @@ from timely_llm_bench.evaluation.peer_bench import (
     RunRecord,
     _chunk,
     _node_record,
+    core_slices,
     failures,
     first_segments,
     floor_requests,
@@ -233,3 +234,13 @@ def test_both_sides_get_the_embedded_engines_block_size_unless_one_is_given(tmp_
     argv = ["peer-bench", "--out", str(tmp_path / "peer.json")] + (["--block-size", str(given)] if given else [])
     bench = _peer_bench_of(build_parser().parse_args(argv))
     assert bench.engine.block_size == (given or CPU_BLOCK_SIZE)
+
+
+def test_several_cpu_servers_get_disjoint_cores_and_one_keeps_vllms_binding(monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert core_slices(2, [1, 0]) == ["0", "1"]
+    assert core_slices(2, [0, 1, 2, 3, 4]) == ["0,1", "2,3"]
+    assert core_slices(1, [0, 1]) == [None]
+    assert core_slices(3, [0, 1]) == [None, None, None]  # fewer cores than servers: nothing to split
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|")
+    assert core_slices(2, [0, 1]) == [None, None]  # the user's binding wins

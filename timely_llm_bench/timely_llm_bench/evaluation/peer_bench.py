@@ -129,12 +129,28 @@ def robot_times(seed: int, request_id: str, robot: SkillModel, arrival: float, g
 # ----- vllm serve -----
 
 
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def core_slices(servers: int, cpus: list[int]) -> list[str | None]:
+    """Each of ``servers`` CPU servers' cores (``VLLM_CPU_OMP_THREADS_BIND``) on a machine with ``cpus``: several
+    get disjoint slices, since vLLM's own binding pins every server's threads to the same cores (there one server
+    starved beside the other, and the node failed its plans after 60 s of silence). One server, fewer cores than
+    servers, or a binding set by the user: vLLM's (None)."""
+    if servers <= 1 or len(cpus) < servers or THREADS_BIND in os.environ:
+        return [None] * servers
+    size = len(cpus) // servers
+    return [",".join(str(c) for c in sorted(cpus)[i * size:(i + 1) * size]) for i in range(servers)]
+
+
 class ServeProcess:
     """``vllm serve`` started from this venv (or the ``python`` given) on loopback, stopped (its process group) on
     exit; with ``api_key`` its OpenAI endpoints want that bearer token (in its environment, not its command line)."""
 
     def __init__(self, engine: EngineConfig, port: int, priority: bool, reserved_cpus: int | None,
-                 log: Path, start_timeout: float, api_key: str | None = None, python: str = sys.executable) -> None:
+                 log: Path, start_timeout: float, api_key: str | None = None, python: str = sys.executable,
+                 cores: str | None = None) -> None:
+        """``cores``: the CPUs its OpenMP threads run on (``core_slices``); None: vLLM's own choice."""
         args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", engine.model_dir,
                 "--served-model-name", engine.model, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(engine.max_model_len),
@@ -150,6 +166,8 @@ class ServeProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1")
         if reserved_cpus is not None:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved_cpus)
+        if cores is not None:
+            env[THREADS_BIND] = cores
         if api_key is not None:
             env["VLLM_API_KEY"] = api_key
         self.url = f"http://127.0.0.1:{port}"
@@ -566,6 +584,7 @@ class PeerBench:
         # A streamed completion cannot wait for a value: both sides serve blocking skills (the arm's scan) as any
         # other, so that they compare by scheduling alone.
         self.skills = {name: model.served_open_loop() for name, model in self.skills.items()}
+        self._cores = core_slices(self.servers, sorted(os.sched_getaffinity(0)))
 
     def run(self, progress=print) -> list[Run]:  # noqa: ANN001 - a print-like callable
         for round_ in range(1, self.rounds + 1):
@@ -593,7 +612,8 @@ class PeerBench:
         progress(f"round {round_}: starting vllm serve ({config})")
         tokenizer = AutoTokenizer.from_pretrained(self.engine.model_dir)
         server = ServeProcess(self.engine, self.port, config == "serve-priority", self.reserved_cpus,
-                              self.log_dir / f"vllm-serve-{config}-{round_}.log", self.start_timeout)
+                              self.log_dir / f"vllm-serve-{config}-{round_}.log", self.start_timeout,
+                              cores=self._cores[0])
         try:
             robots = StreamingRobots(server.url, self.engine, self.skills, self.catalog,
                                      lambda text: list(tokenizer.encode(text)), config == "serve-priority")
@@ -624,7 +644,8 @@ class PeerBench:
         from timely_llm.engines.remote_settings import RemoteSettings
 
         more = [ServeProcess(self.engine, self.port + i, False, self.reserved_cpus,
-                             self.log_dir / f"vllm-serve-more-{i}-{round_}.log", self.start_timeout)
+                             self.log_dir / f"vllm-serve-more-{i}-{round_}.log", self.start_timeout,
+                             cores=self._cores[i])
                 for i in range(1, self.servers)]
         urls = (server.url, *(s.url for s in more))
         progress(f"round {round_}: the node on the remote engine at {', '.join(urls)}")
