@@ -66,7 +66,7 @@ def _add_peer_bench(p: argparse.ArgumentParser) -> None:
                         "driving the first --serve-configs server, after its streaming robots) (default: vllm)")
     p.add_argument("--servers", type=_positive_int, default=1,
                    help="servers the remote engine drives: the first --serve-configs server and more started alike "
-                        "on the next ports, for the node alone (default 1)")
+                        "on the next ports, for the node alone, each on its own slice of the cores (default 1)")
     p.add_argument("--rounds", type=_positive_int, default=2, help="rounds, each on fresh servers (default 2)")
     p.add_argument("--max-tokens", type=_positive_int, default=48, help="tokens per plan at most (default 48)")
     p.add_argument("--kv-gib", type=_positive_float, default=1.0, help="KV cache on both sides (default 1)")
