@@ -57,6 +57,7 @@ from timely_llm.engines.remote_servers import (
     bearer_headers,
     failure_cause,
     request_body,
+    stalled_beside_one_answering,
 )
 from timely_llm.engines.remote_settings import RemoteSettings
 from timely_llm.engines.remote_streams import CONNECT_TIMEOUT_S, RemoteStreams
@@ -234,10 +235,7 @@ class RemoteEngine(Engine):
     def _leave_stalled_servers(self) -> None:
         """Generations still waiting for their first token on a server whose streams went silent start again on one
         that answers (none of their KV is on the stalled one: it computed nothing they got)."""
-        now = time.monotonic()
-        if not [s for s in self._servers if s.stalled(now, self._silence)]:
-            return
-        if not any(s.down is None and s.served is not None and s.stalled_since is None for s in self._servers):
+        if not stalled_beside_one_answering(self._servers, time.monotonic(), self._silence):
             return
         for gen in list(self._gens.values()):
             if gen.live is not None and gen.awaiting_first and gen.server.stalled_since is not None:

@@ -146,6 +146,13 @@ class RemoteServer:
         self.next_probe = now + self._backoff
 
 
+def stalled_beside_one_answering(servers: list[RemoteServer], now: float, silence: float) -> bool:
+    """Whether a server is stalled (``RemoteServer.stalled``) while another answers."""
+    stalled = [s.stalled(now, silence) for s in servers]
+    return any(stalled) and any(not stuck and s.down is None and s.served is not None
+                                for s, stuck in zip(servers, stalled, strict=True))
+
+
 def failure_cause(exc: Exception) -> str:
     """How a server failed, in words: what ServerGarbage says, else the exception's type and message."""
     if isinstance(exc, ServerGarbage):
