@@ -8,7 +8,7 @@ setup(
     description="Segmented, time-utility-aware LLM serving for robots over ROS 2 (TimelyLLM)",
     license="Apache-2.0",
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
-    package_data={PACKAGE: ["hw/*.yaml", "lrtrace.yaml", "models/*", "models/tiny/*"]},
+    package_data={PACKAGE: ["hw/*.yaml", "ros/*.xml", "lrtrace.yaml", "models/*", "models/tiny/*"]},
     python_requires=">=3.10",
     install_requires=["numpy", "pyyaml", "httpx", "tokenizers"],  # httpx, tokenizers: engine remote
     extras_require={

@@ -69,6 +69,7 @@ from timely_llm.engines.vllm_args import PREFIX as VLLM_PREFIX
 from timely_llm.engines.vllm_args import shipped_parameters
 from timely_llm.errors import ConfigError
 from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.ros.dds_memory import size_history_to_samples
 from timely_llm.ros.engine_loader import EngineLoader
 from timely_llm.ros.goal_desk import GoalDesk, await_settled
 from timely_llm.ros.goals import GoalRules
@@ -418,6 +419,7 @@ def main(args: list[str] | None = None) -> int:
     released, and the process exits 0. Exit code 1 if the node cannot start (a parameter out
     of its range, no robot type installed); a configure that fails leaves it running, unconfigured.
     """
+    size_history_to_samples()
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
