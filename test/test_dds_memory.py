@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
+from timely_llm.ros import dds_memory
 from timely_llm.ros.dds_memory import OPERATOR_SETTINGS, PROFILE, size_history_to_samples
 
 NS = {"dds": "http://www.eprosima.com/XMLSchemas/fastRTPS_Profiles"}
@@ -33,6 +35,14 @@ def test_another_rmw_is_left_alone() -> None:
     env = {"RMW_IMPLEMENTATION": "rmw_cyclonedds_cpp"}
     assert not size_history_to_samples(env)
     assert env == {"RMW_IMPLEMENTATION": "rmw_cyclonedds_cpp"}
+
+
+def test_without_the_profile_installed_fast_dds_keeps_its_defaults(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    monkeypatch.setattr(dds_memory, "PROFILE", tmp_path / "fastdds_node.xml")
+    env: dict[str, str] = {}
+    assert not dds_memory.size_history_to_samples(env)
+    assert env == {}
 
 
 def test_the_profile_sizes_readers_and_writers_to_their_samples_and_keeps_data_sharing_off() -> None:

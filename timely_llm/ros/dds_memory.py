@@ -21,8 +21,10 @@ OPERATOR_SETTINGS = ("FASTRTPS_DEFAULT_PROFILES_FILE", "FASTDDS_DEFAULT_PROFILES
 
 
 def size_history_to_samples(env: MutableMapping[str, str] = os.environ) -> bool:
-    """Point Fast DDS at the node's profile (before ``rclpy.init``); False where another RMW runs or the operator
-    configured Fast DDS themselves."""
+    """Point Fast DDS at the node's profile (before ``rclpy.init``); False where another RMW runs, the operator
+    configured Fast DDS themselves or the profile is not installed."""
+    if not PROFILE.is_file():
+        return False
     if env.get("RMW_IMPLEMENTATION", FAST_DDS_RMWS[0]) not in FAST_DDS_RMWS:
         return False
     if any(name in env for name in OPERATOR_SETTINGS):
