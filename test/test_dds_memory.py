@@ -55,7 +55,7 @@ def test_the_profile_sizes_readers_and_writers_to_their_samples_and_keeps_data_s
 
 
 PING = """
-import sys, time, rclpy
+import time, rclpy
 from timely_llm.ros.dds_memory import size_history_to_samples
 from timely_llm_interfaces.msg import SegmentDone
 from timely_llm_interfaces.qos import DEEP_RELIABLE
