@@ -4,7 +4,8 @@ rmw_fastrtps gives every reader and writer PREALLOCATED_WITH_REALLOC history mem
 the type's largest serialized size when the type is bounded. The node's interfaces bound every string, so each
 robot's ``segment_done`` reader held payloads of SegmentDone's 2.6 KB bound: 270 MiB of RSS at 500 robots with a
 goal in flight, 114 MiB with payloads sized to each sample (``timely-llm load-bench``, docs/node.md).
-``fastdds_node.xml`` keeps rmw_fastrtps's other settings (data sharing off, the built-in endpoints' memory).
+``fastdds_node.xml`` keeps rmw_fastrtps's other settings (data sharing off, the built-in endpoints' memory). Its
+writers publish in Fast DDS's default mode, synchronous: Jazzy's rmw_fastrtps default, where Humble's is asynchronous.
 """
 
 from __future__ import annotations
