@@ -13,10 +13,9 @@ from collections.abc import Callable
 from action_msgs.msg import GoalInfo, GoalStatus
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.duration import Duration
-from rclpy.task import Future
 from timely_llm_interfaces.names import MAX_ID_CHARS, REQUEST_PLAN, agent_id_error
 from timely_llm_interfaces.qos import action_server_qos
-from timely_llm_interfaces.rclpy_compat import CancelScreeningActionServer
+from timely_llm_interfaces.rclpy_compat import CancelScreeningActionServer, conclude, mark_executing
 
 from timely_llm.core.request import Outcome, Request, Segment
 from timely_llm.errors import RequestRejected
@@ -60,7 +59,6 @@ class GoalDesk:
                                     self._group, self._screen, self._may_ask, self._log)
         self._quotas = AgentQuotas(ledger.in_flight)
         self._action: ActionServer | None = None
-        self._running: dict[str, Future] = {}  # goals EXECUTING: each one's execute callback awaits its result
 
     @property
     def rules(self) -> GoalRules | None:
@@ -256,21 +254,11 @@ class GoalDesk:
             if isinstance(item, RequestPlan.Feedback):
                 goal_handle.publish_feedback(item)
             elif goal_handle.status == GoalStatus.STATUS_ACCEPTED:  # not CANCELING
-                self._running[request_id] = waiting = Future()
-                goal_handle.execute(functools.partial(self._conclude_when_ended, waiting))
+                mark_executing(goal_handle)
             return
         goal_handle = self._ledger.to_conclude(request_id)
-        if goal_handle is None:
-            return
-        ended = self._running.pop(request_id, None)
-        if ended is not None:
-            ended.set_result(item)
-        else:  # it ended before its generation started (or while CANCELING): executed with its result at once
-            goal_handle.execute(functools.partial(self._conclude_with, item))
-
-    async def _conclude_when_ended(self, ended: Future, goal_handle) -> RequestPlan.Result:  # noqa: ANN001
-        """Execute callback of a goal whose generation started: rclpy runs it as a task until its result comes."""
-        return self._conclude_with(await ended, goal_handle)
+        if goal_handle is not None:
+            conclude(goal_handle, functools.partial(self._conclude_with, item))
 
     def _conclude_with(self, result: RequestPlan.Result, goal_handle) -> RequestPlan.Result:  # noqa: ANN001
         """Execute callback of an ended request: set the goal's final state and return its result."""

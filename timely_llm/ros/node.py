@@ -16,11 +16,10 @@ Thread model. No thread waits on a goal, and only the server loop calls the Serv
   (``agents``, ``topic_pump``). Goals, cancels and topic requests (``goal_desk``), robots' reports and the
   watchdog (``robot_reports``, on the node's ROS clock) are checked and time-stamped there and queued as commands
   in the loop's *inbox*. It also drains the *outbox*: feedback is published; a goal whose generation started goes
-  EXECUTING, its execute callback a coroutine that awaits the goal's result (rclpy resumes each such pending task
-  on every executor wake-up, a cost per goal in flight: docs/node.md, "Internals: threads, QoS, load"); an ended
-  goal's result resolves that wait, or, for a goal that never started, its execute callback runs once with the
-  result. Either sets the final state and returns the result. Status and diagnostics (``status``) read the Server
-  under its own lock.
+  EXECUTING with no execute callback scheduled (``rclpy_compat.mark_executing``: rclpy would resume a callback
+  that waits for the result on every executor wake-up, a cost per goal in flight); an ended goal's execute
+  callback runs once with its result (``rclpy_compat.conclude``), sets the final state and returns the result.
+  Status and diagnostics (``status``) read the Server under its own lock.
 - The server loop (``server_loop``, one thread per configured server) applies the inbox between engine steps. The
   Server's callbacks run on it and queue segments and ends in the outbox, then trigger a guard condition that
   wakes the executor.

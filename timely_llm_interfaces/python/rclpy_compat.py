@@ -9,7 +9,11 @@ same in Humble and Jazzy), so that a new rclpy release is checked in one place:
   which Jazzy's ``shutdown()`` does not wait for;
 - ``CancelScreeningActionServer`` overrides ``ActionServer._execute_cancel_request`` and answers a refused cancel
   request through the action server's ``_handle`` (``send_cancel_response``): rclpy's ``cancel_callback`` is asked
-  goal by goal, so it cannot refuse a request that names every goal without canceling some.
+  goal by goal, so it cannot refuse a request that names every goal without canceling some;
+- ``mark_executing`` moves a goal to EXECUTING through ``ServerGoalHandle._update_state`` and ``conclude`` runs its
+  execute callback through ``ActionServer.notify_execute``: rclpy moves a goal to EXECUTING only in ``execute``,
+  which schedules the callback at once, and a callback that waits for the goal's end is a task the executor resumes
+  on every wake-up, a cost per goal in flight on every message.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from typing import Any
 
 import rclpy
 import rclpy.executors
+from action_msgs.msg import GoalStatus
 from action_msgs.srv import CancelGoal
 from rclpy.action import ActionServer
+from rclpy.action.server import GoalEvent, ServerGoalHandle
 from rclpy.context import Context
 from rclpy.exceptions import InvalidHandle
 
@@ -33,7 +39,7 @@ except ImportError:  # Humble
     from rclpy.qos_event import PublisherEventCallbacks, SubscriptionEventCallbacks
 
 __all__ = ["CancelScreeningActionServer", "PublisherEventCallbacks", "SubscriptionEventCallbacks", "await_handlers",
-           "spin", "spinning"]
+           "conclude", "mark_executing", "spin", "spinning"]
 
 EXECUTOR_THREADS = 8
 """A session shared with clients that may wait (tests, fleet, demo): one thread per callback group (goals and
@@ -121,3 +127,19 @@ class CancelScreeningActionServer(ActionServer):
                 return_code=CancelGoal.Response.ERROR_REJECTED))
         except RuntimeError:  # rclpy's RCLError (a RuntimeError): the client went away
             pass
+
+
+def mark_executing(goal_handle: ServerGoalHandle) -> None:
+    """Move an ACCEPTED goal to EXECUTING (its status published) without running an execute callback: ``conclude``
+    runs one once the goal's result is there, so no task waits on the goal meanwhile."""
+    goal_handle._update_state(GoalEvent.EXECUTE)
+
+
+def conclude(goal_handle: ServerGoalHandle, execute_callback: Callable[[ServerGoalHandle], Any]) -> None:
+    """Run ``execute_callback`` once, on the executor, for a goal whose result is there: through ``execute`` if it is
+    still ACCEPTED, else (``mark_executing`` made it EXECUTING, or a cancel CANCELING) as ``execute`` does after its
+    transition, which it would refuse there."""
+    if goal_handle.status == GoalStatus.STATUS_ACCEPTED:
+        goal_handle.execute(execute_callback)
+    else:
+        goal_handle._action_server.notify_execute(goal_handle, execute_callback)
