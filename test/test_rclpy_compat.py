@@ -68,13 +68,19 @@ def _canceled(goal_handle: ServerGoalHandle) -> RequestPlan.Result:
     return RequestPlan.Result(status=RequestPlan.Result.STATUS_CANCELED, reason="canceled")
 
 
-def test_an_executing_goal_holds_no_task_and_ends_with_its_result(session: tuple) -> None:
+def _marked_executing() -> tuple[list[ServerGoalHandle], Callable[[ServerGoalHandle], None]]:
+    """The goals accepted, and an accepted callback that moves each to EXECUTING as the node does."""
     accepted: list[ServerGoalHandle] = []
 
     def on_accepted(goal_handle: ServerGoalHandle) -> None:
         mark_executing(goal_handle)
         accepted.append(goal_handle)
 
+    return accepted, on_accepted
+
+
+def test_an_executing_goal_holds_no_task_and_ends_with_its_result(session: tuple) -> None:
+    accepted, on_accepted = _marked_executing()
     with action_pair(session, on_accepted) as client:
         goal = _goal(client)
         wait_until(lambda: goal.status == GoalStatus.STATUS_EXECUTING, TIMEOUT_S, f"EXECUTING ({goal.status})")
@@ -88,12 +94,7 @@ def test_an_executing_goal_holds_no_task_and_ends_with_its_result(session: tuple
 
 
 def test_a_goal_canceled_while_executing_ends_canceled_through_conclude(session: tuple) -> None:
-    accepted: list[ServerGoalHandle] = []
-
-    def on_accepted(goal_handle: ServerGoalHandle) -> None:
-        mark_executing(goal_handle)
-        accepted.append(goal_handle)
-
+    accepted, on_accepted = _marked_executing()
     with action_pair(session, on_accepted) as client:
         goal = _goal(client)
         result = client.get_result_async(goal)
