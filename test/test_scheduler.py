@@ -11,9 +11,10 @@ from timely_llm.core.overload import INFEASIBLE_REASON
 from timely_llm.core.places import Call
 from timely_llm.core.request import Request, Status
 from timely_llm.core.tuf import NORMAL_TUF, TUF, URGENT_TUF
-from timely_llm.engines.base import GenerationSpec, StepOutput
+from timely_llm.engines.base import Engine, GenerationSpec, StepOutput
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine
+from timely_llm.engines.sim_remote import simulator
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.scheduler import Dispatched, Ended, Generated, Infeasible, Scheduler
 from timely_llm.server import PlanRequest
@@ -22,6 +23,7 @@ from timely_llm.serving import ServerConfig, build_scheduler
 SKILLS = load_skill_models()
 LATENCY = 0.008
 NO_PARTS = Features()
+REMOTE_PROFILE = "h100-llama3-8b-remote"
 
 
 def scheduler(policy: str = "timelyllm", features: Features = NO_PARTS,
@@ -30,7 +32,7 @@ def scheduler(policy: str = "timelyllm", features: Features = NO_PARTS,
     return build_scheduler(ServerConfig(policy, LATENCY, features, max_batch=4), engine, SKILLS), engine
 
 
-def request(engine: SimEngine, rid: str, tuf: TUF = NORMAL_TUF, **options: object) -> Request:
+def request(engine: Engine, rid: str, tuf: TUF = NORMAL_TUF, **options: object) -> Request:
     plan = PlanRequest(rid, f"agent-{rid}", "tello", engine.tokenizer.encode("find the cat"), tuf, **options)
     return plan.request(SKILLS["tello"], 0.0, 64, engine.tokenizer.decode, streaming=True)
 
@@ -149,6 +151,61 @@ def test_no_generation_yields_in_the_vllm_baselines_nor_on_an_engine_that_would_
         urgent = request(engine, "urgent", URGENT_TUF)
         sched.add(urgent)
         assert not sched.schedule(0.03).calls and urgent.status is Status.WAITING, policy
+
+
+def _plans_in_flight_and_resumes(engine: Engine) -> tuple[Scheduler, dict[str, Request], list[Request]]:
+    """Four plans at the cap (4), each parked after its first segment; a newcomer's first segment takes the slot of
+    one (suspended), then every generation in the engine dispatches one more segment and parks."""
+    sched = build_scheduler(ServerConfig("timelyllm", LATENCY, NO_PARTS, max_batch=4), engine, SKILLS)
+    plan = engine.tokenizer.encode_continuation("tc(90);tc(90);tc(90);tc(90);")
+    move = engine.tokenizer.encode_continuation("tc(90);")
+    batch = {rid: request(engine, rid, forced_ids=plan) for rid in "abcd"}
+    for r in batch.values():
+        sched.add(r)
+    sched.applied(sched.schedule(0.0))
+    sched.update_from_output(StepOutput(0.02, new_tokens=dict.fromkeys(batch, move)), 0.02)
+    newcomer = request(engine, "e", forced_ids=plan)
+    sched.add(newcomer)
+    out = sched.schedule(0.02)
+    suspended = [r for call, r in out.calls if call is Call.SUSPEND]
+    assert (Call.START, newcomer) in out.calls and suspended
+    sched.applied(out)
+    in_engine = [r for r in [*batch.values(), newcomer] if r not in suspended]
+    sched.update_from_output(StepOutput(0.04, new_tokens={r.id: move for r in in_engine}), 0.04)
+    assert len(sched.parked) == len(in_engine) and all(r.seg_index == 1 for r in suspended)
+    return sched, {r.id: r for r in in_engine}, suspended
+
+
+def test_a_resume_waits_for_a_slot_rather_than_take_a_plan_in_flights_on_an_engine_that_resubmits() -> None:
+    sched, in_flight, waiting = _plans_in_flight_and_resumes(simulator(load_profile(REMOTE_PROFILE)))
+    assert sched.queue.best(0.05) in waiting  # it ranks above the parked ones, yet they keep their slots
+    out = sched.schedule(0.05)
+    assert not out.calls and all(r.status is Status.SUSPENDED for r in waiting)
+    assert all(r.status is Status.RUNNING for r in in_flight.values())
+
+
+def test_a_first_segment_ranked_below_the_waiting_resume_still_takes_a_parked_slot() -> None:
+    engine = simulator(load_profile(REMOTE_PROFILE))
+    sched, in_flight, waiting = _plans_in_flight_and_resumes(engine)
+    relaxed = TUF(ert=30.0, alpha=NORMAL_TUF.alpha, beta=NORMAL_TUF.beta)  # it ranks below the robot left idle
+    newcomer = request(engine, "f", relaxed)
+    sched.add(newcomer)
+    assert sched.queue.best(0.05) in waiting
+    out = sched.schedule(0.05)
+    suspended = [r for call, r in out.calls if call is Call.SUSPEND]
+    assert (Call.START, newcomer) in out.calls and suspended and all(r.id in in_flight for r in suspended)
+    assert all(r.status is Status.SUSPENDED for r in waiting)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "kv-to-prefix-cache"])
+def test_where_a_resume_is_no_server_request_the_resume_ranked_first_takes_a_parked_slot(in_place: bool) -> None:
+    engine = SimEngine(load_profile(REMOTE_PROFILE.removesuffix("-remote")), suspends_in_place=in_place)
+    sched, in_flight, waiting = _plans_in_flight_and_resumes(engine)
+    first = sched.queue.best(0.05)
+    out = sched.schedule(0.05)
+    suspended = [r for call, r in out.calls if call is Call.SUSPEND]
+    assert first in waiting and (Call.RESUME, first) in out.calls
+    assert suspended and all(r.id in in_flight for r in suspended)
 
 
 def _after_one_slow_decode_step(steps_are_iterations: bool) -> Scheduler:

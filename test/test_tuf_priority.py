@@ -120,6 +120,17 @@ def test_queue_fetch_reevaluates_with_time():
     assert q.best(11.6).id == "f" and len(q) == 1
 
 
+def test_a_fetch_of_first_segments_only_passes_over_later_ones_and_finds_none_among_them():
+    later = _request("s", 0.0, URGENT_TUF, prev_end=10.0)  # late and urgent: the best of all at t=12
+    first = _request("f", 11.0, TUF(30.0, NORMAL_TUF.alpha, NORMAL_TUF.beta))  # on time, with slack to spare
+    q = GenerationQueue(PUD(0.008))
+    q.push(later)
+    q.push(first)
+    assert q.best(12.0).id == "s" and q.best(12.0, first_segments_only=True).id == "f"
+    q.remove("f")
+    assert q.best(12.0, first_segments_only=True) is None and q.best(12.0).id == "s"
+
+
 def _best_scored_afresh(q, now):
     """What a fetch picks with every score computed anew (the first of equals in row order)."""
     cols = q._columns

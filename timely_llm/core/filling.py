@@ -6,9 +6,11 @@ keeps running; passed over, it is suspended. It is suspended early when a more u
 or memory it holds. At the batch cap, on an engine that suspends in place (embedded vLLM: the resume prefills
 nothing), a running generation in a later segment of its plan, its robot still acting on the one before, yields its
 slot to a newcomer (adaptive batch control) when it has the slack: due after the newcomer, it can wait for the
-newcomer's segment and still end its own by its deadline in the worst case. With Amin (``features.amin``) memory
-is counted by segment lower bounds, and running generations are suspended first when the next step's KV would
-not fit (core/admission.py).
+newcomer's segment and still end its own by its deadline in the worst case. On an engine whose resume is a new
+request to a server (remote), later segments do not swap: a parked generation holds its slot against a queued
+later segment, and only first segments take it. With Amin
+(``features.amin``) memory is counted by segment lower bounds, and running generations are suspended first when
+the next step's KV would not fit (core/admission.py).
 """
 
 from __future__ import annotations
@@ -52,8 +54,12 @@ class BatchFilling:
         self.queue.token_time = self.times.token_time()
         prefilling = deferring = False
         running = self.batch.ordered(self.running.values())  # kept in step with self.running below
+        holding = False  # a later segment waits for a parked generation's slot: only first segments may pass it
         while len(self.queue) > 0:
-            request = self._most_urgent_parked() if deferring else self.queue.best(now)
+            request = self._most_urgent_parked() if deferring else self.queue.best(now, first_segments_only=holding)
+            if request is None and holding and not deferring:
+                deferring = True  # no first segment left: the parked generations go on
+                continue
             if request is None:
                 break
             parked = request.id in self.parked
@@ -62,6 +68,9 @@ class BatchFilling:
                 self.counters["deferred_prefills"] += 1
                 continue
             needed, free = self._memory(request, parked, reserved)
+            if not parked and self._waits_for_plans_in_flight(request, running, now, free, needed):
+                holding = True
+                continue
             if (not self.batch.admits(running, now, free, needed, request)
                     or self.overload.breaks_a_cutoff(request, now)):
                 if self.parked and not parked:
@@ -154,6 +163,18 @@ class BatchFilling:
             return False
         batch = max(len(self.running), 1)
         return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
+
+    def _waits_for_plans_in_flight(self, request: Request, running: RunningBatch, now: float, free: int,
+                                   needed: int) -> bool:
+        """Whether ``request``, a later segment, waits for a slot rather than take a parked generation's, on an
+        engine whose resume is a new request to a server (``Engine.resumes_resubmit``). Swapping one plan in flight
+        for another there buys no robot its first action, costs a request and a prefilled tail each time, and under
+        a backlog leaves the plans of lower classes waiting for every plan of a higher one (docs/peer-benchmark.md:
+        the capped remote point). First segments still take parked generations' slots."""
+        if not self.engine.resumes_resubmit or request.seg_index == 0 or not self.parked:
+            return False
+        with_parked = self.batch.ordered([*running, *self.parked.values()])
+        return not self.batch.admits(with_parked, now, free, needed, request)
 
     def _most_urgent_parked(self) -> Request | None:
         return min(self.parked.values(), key=lambda r: r.dispatch_deadline(self.network_latency), default=None)

@@ -64,8 +64,8 @@ class GenerationQueue:
             self._slot[last.id] = slot
         return request
 
-    def best(self, now: float) -> Request | None:
-        """The highest-priority generation at ``now``."""
+    def best(self, now: float, first_segments_only: bool = False) -> Request | None:
+        """The highest-priority generation at ``now`` (among those in their first segment: ``first_segments_only``)."""
         if not self._requests:
             return None
         if self._scores is None or self._scored_at != (now, self.token_time):
@@ -74,7 +74,11 @@ class GenerationQueue:
                 cols.column("gen_time")[:] = cols.column("gen_fixed") + cols.column("gen_tokens") * self.token_time
             self._scores = np.array(self.policy.scores(self._columns, now))  # a copy: removals edit it
             self._scored_at = (now, self.token_time)
-        return self._requests[int(self._scores.argmax())]
+        if not first_segments_only:
+            return self._requests[int(self._scores.argmax())]
+        scores = np.where(self._columns.column("seg_index") == 0, self._scores, -np.inf)
+        best = int(scores.argmax())
+        return self._requests[best] if scores[best] > -np.inf else None
 
     def _row(self, request: Request) -> tuple[float, ...]:
         """The request's values for ``QueueColumns.NAMES``."""

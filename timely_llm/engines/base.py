@@ -175,6 +175,9 @@ class Engine(ABC):
     suspends_in_place: bool = False
     """A suspension keeps the generation's KV where it is (until a newcomer needs the memory), so a
     resume prefills nothing; otherwise the KV goes to the prefix cache and a resume recomputes its tail."""
+    resumes_resubmit: bool = False
+    """A resume is a new request to a server: it pays the request's path and the server's queue, and the server
+    prefills again the context's tail past its last full KV block (the remote engines)."""
     server_count: int = 1
     """Servers the engine spreads its batch over, each stepping its share at the same time."""
     steps_are_iterations: bool = True

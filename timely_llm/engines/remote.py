@@ -89,6 +89,7 @@ class _Generation:
 
 class RemoteEngine(Engine):
     suspends_in_place = False
+    resumes_resubmit = True
     steps_are_iterations = False
 
     def __init__(self, settings: RemoteSettings) -> None:

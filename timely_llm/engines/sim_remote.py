@@ -64,6 +64,7 @@ class _Server:
 
 class RemoteSimEngine(Engine):
     suspends_in_place = False
+    resumes_resubmit = True
     steps_are_iterations = False
 
     def __init__(self, profile: HardwareProfile, tokenizer: Tokenizer | None = None) -> None:
