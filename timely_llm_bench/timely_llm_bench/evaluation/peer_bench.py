@@ -647,6 +647,8 @@ class PeerBench:
                              self.log_dir / f"vllm-serve-more-{i}-{round_}.log", self.start_timeout,
                              cores=self._cores[i])
                 for i in range(1, self.servers)]
+        for extra in more:
+            self._warm(extra)
         urls = (server.url, *(s.url for s in more))
         progress(f"round {round_}: the node on the remote engine at {', '.join(urls)}")
         engine = RemoteEngine(RemoteSettings(urls, tokenizer=self.engine.model_dir,
@@ -669,6 +671,17 @@ class PeerBench:
             engine.close()
             for extra in more:
                 extra.close()
+
+    def _warm(self, server: ServeProcess) -> None:
+        """A server started for the node alone gets the warm-up pass the streaming robots' server had (every task
+        streamed alone: its robots' prompts cached), so that the runs compare warm servers and a robot type's
+        first prompt there does not count as a resume's miss in the KV reuse bound."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.engine.model_dir)
+        robots = StreamingRobots(server.url, self.engine, self.skills, self.catalog,
+                                 lambda text: list(tokenizer.encode(text)), priority=False)
+        robots.replay(Workload("warm", 0.0, tuple(self._floor())), alone=True)
 
     def _node_round(self, round_: int, progress) -> None:  # noqa: ANN001
         from timely_llm.engines.hardware import estimator_profile
