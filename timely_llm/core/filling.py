@@ -8,9 +8,8 @@ nothing), a running generation in a later segment of its plan, its robot still a
 slot to a newcomer (adaptive batch control) when it has the slack: due after the newcomer, it can wait for the
 newcomer's segment and still end its own by its deadline in the worst case. On an engine whose resume is a new
 request to a server (remote), later segments do not swap: a parked generation holds its slot against a queued
-later segment, and only first segments take it. With Amin
-(``features.amin``) memory is counted by segment lower bounds, and running generations are suspended first when
-the next step's KV would not fit (core/admission.py).
+later segment, and only first segments take it. With Amin (``features.amin``) memory is counted by segment lower
+bounds, and running generations are suspended first when the next step's KV would not fit (core/admission.py).
 """
 
 from __future__ import annotations

@@ -647,13 +647,13 @@ class PeerBench:
                              self.log_dir / f"vllm-serve-more-{i}-{round_}.log", self.start_timeout,
                              cores=self._cores[i])
                 for i in range(1, self.servers)]
-        for extra in more:
-            self._warm(extra)
         urls = (server.url, *(s.url for s in more))
         progress(f"round {round_}: the node on the remote engine at {', '.join(urls)}")
         engine = RemoteEngine(RemoteSettings(urls, tokenizer=self.engine.model_dir,
                                              max_num_seqs=self.engine.max_batch))
         try:
+            for extra in more:
+                self._warm(extra)
             step_profile = estimator_profile(None, False, self.engine.model, "")
             runs = []
             for workload in self.workloads:
