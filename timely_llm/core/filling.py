@@ -55,10 +55,7 @@ class BatchFilling:
         running = self.batch.ordered(self.running.values())  # kept in step with self.running below
         holding = False  # a later segment waits for a parked generation's slot: only first segments may pass it
         while len(self.queue) > 0:
-            request = self._most_urgent_parked() if deferring else self.queue.best(now, first_segments_only=holding)
-            if request is None and holding and not deferring:
-                deferring = True  # no first segment left: the parked generations go on
-                continue
+            request = self._candidate(now, deferring, holding)
             if request is None:
                 break
             parked = request.id in self.parked
@@ -162,6 +159,15 @@ class BatchFilling:
             return False
         batch = max(len(self.running), 1)
         return self.batch.budget(request, now) - self.batch.wcet(request, batch + 1) > self.batch.step_time(batch)
+
+    def _candidate(self, now: float, deferring: bool, holding: bool) -> Request | None:
+        """The next generation to place: the most urgent parked one while prefills are deferred; the queue's best
+        otherwise, but only first segments while a later segment waits for a slot, then the parked ones."""
+        if deferring:
+            return self._most_urgent_parked()
+        if holding:
+            return self.queue.best(now, first_segments_only=True) or self._most_urgent_parked()
+        return self.queue.best(now)
 
     def _waits_for_plans_in_flight(self, request: Request, running: RunningBatch, now: float, free: int,
                                    needed: int) -> bool:
