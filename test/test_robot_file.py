@@ -141,6 +141,8 @@ def test_a_user_robot_file_gives_prompt_grammar_stop_checker_and_times(tmp_path:
     (lambda t: t.replace("description: trim along a border,", ""), "skills[1].description", "missing"),
     (lambda t: t.replace("'hedge'", "'Hedge Row'"), "prompt.examples[1].plan", "does not parse"),
     (lambda t: t.replace("int 20..80", "float 20..80"), "skills[0].args[1]", "type must be"),
+    (lambda t: t.replace("{zone: name}", "{zone: name ..0}"), "skills[0].args[0]", "at least 1 character"),
+    (lambda t: t.replace("{zone: name}", "{zone: name 0..40}"), "skills[0].args[0]", "'name [..MAX]'"),
     (lambda t: t.replace("  guidance: Mow", "  advice: Mow"), "prompt.advice", "unknown field"),
     (lambda t: t.replace("  guidance: Mow before trimming. Empty the bin after two zones.\n", ""),
      "prompt.guidance", "missing"),

@@ -36,12 +36,11 @@ from timely_llm.plan.regex import (
     matches,
     nullable,
     opt,
-    plus,
     render_ebnf,
     repeat,
     star,
 )
-from timely_llm.plan.skills import ArgSpec, Skill, SkillModel
+from timely_llm.plan.skills import DEFAULT_MAX_CHARS, ArgSpec, Skill, SkillModel
 
 MAX_DEPTH = 2
 """Blocks nest at most this deep (TypeFly's examples use two: a loop holding a conditional)."""
@@ -55,8 +54,18 @@ MAX_LOOP = 5
 
 _LOWER = char_range("a", "z")
 _DIGIT = char_range("0", "9")
-_NAME = cat(lit("'"), _LOWER, star(alt(_LOWER, _DIGIT, chars("_"))), lit("'"))
-_TEXT = cat(lit("'"), plus(alt(_LOWER, char_range("A", "Z"), _DIGIT, chars(" _,.?!-"))), lit("'"))
+
+
+def _name(max_chars: int) -> Regex:
+    return cat(lit("'"), _LOWER, repeat(alt(_LOWER, _DIGIT, chars("_")), 0, max_chars - 1), lit("'"))
+
+
+def _text(max_chars: int) -> Regex:
+    return cat(lit("'"), repeat(alt(_LOWER, char_range("A", "Z"), _DIGIT, chars(" _,.?!-")), 1, max_chars), lit("'"))
+
+
+_NAME = _name(DEFAULT_MAX_CHARS["name"])
+_TEXT = _text(DEFAULT_MAX_CHARS["text"])
 _VAR = cat(lit("_"), char_range("1", "9"))
 _NUMBER = cat(int_range(0, 9999), opt(cat(lit("."), repeat(_DIGIT, 1, 2))))
 _BOOL = alt(lit("True"), lit("False"))
@@ -170,11 +179,12 @@ def _arg(spec: ArgSpec, variables: bool) -> Regex:
     var = _VAR if variables else EMPTY
     if spec.type == "int":
         return int_range(spec.low, spec.high)
+    longest = spec.max_chars or DEFAULT_MAX_CHARS[spec.type]
     if spec.type == "name":
-        return alt(_NAME, var)
+        return alt(_name(longest), var)
     if spec.type == "text":
-        return alt(_TEXT, var)
-    return alt(_NUMBER, _NAME, _TEXT, var)
+        return alt(_text(longest), var)
+    return alt(_NUMBER, _name(longest), _text(longest), var)
 
 
 def _call(skill: Skill, variables: bool = True) -> Regex:

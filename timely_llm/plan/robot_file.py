@@ -14,6 +14,7 @@ from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_prompt import build_system_prompt, parse_prompt
 from timely_llm.plan.skills import (
     BLOCKING_LANGUAGES,
+    DEFAULT_MAX_CHARS,
     DEFAULT_OBSERVATION_FORM,
     DEFAULT_OBSERVATION_MAX_TOKENS,
     RETURN_TYPES,
@@ -31,6 +32,7 @@ FILE_KEYS = ("robot", "language", "segment", "words_per_minute", "skills", "prom
 SKILL_KEYS = ("abbr", "name", "args", "returns", "blocking", "time", "description")
 OBSERVATION_KEYS = ("form", "max_tokens")
 _INT_TYPE = re.compile(r"int\s+(\d+)\s*\.\.\s*(\d+)")
+_QUOTED_TYPE = re.compile(r"(name|text)(?:\s+\.\.\s*(\d+))?")
 
 
 def load_skill_model(path: str | Path) -> SkillModel:
@@ -133,7 +135,7 @@ def _parse_observation(raw: Any, skills: list[Skill], language: str, source: str
 
 def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:
     if isinstance(raw, str):
-        return ArgSpec(raw, "any")
+        return ArgSpec(raw, "any", max_chars=DEFAULT_MAX_CHARS["any"])
     if not (isinstance(raw, dict) and len(raw) == 1 and isinstance(next(iter(raw.values())), str)):
         raise ConfigError(source, where, "expected NAME or {NAME: TYPE}")
     name, kind = next(iter(raw.items()))
@@ -142,9 +144,12 @@ def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:
         if low > high:
             raise ConfigError(source, where, f"empty range {low}..{high}")
         return ArgSpec(name, "int", low, high)
-    if kind.strip() in ("name", "text"):
-        return ArgSpec(name, kind.strip())
-    raise ConfigError(source, where, f"type must be 'int LOW..HIGH', 'name' or 'text', got {kind!r}")
+    if m := _QUOTED_TYPE.fullmatch(kind.strip()):
+        longest = int(m.group(2)) if m.group(2) else DEFAULT_MAX_CHARS[m.group(1)]
+        if longest < 1:
+            raise ConfigError(source, where, f"a {m.group(1)} holds at least 1 character, got ..{longest}")
+        return ArgSpec(name, m.group(1), max_chars=longest)
+    raise ConfigError(source, where, f"type must be 'int LOW..HIGH', 'name [..MAX]' or 'text [..MAX]', got {kind!r}")
 
 
 def _parse_time(raw: dict, source: str, where: str) -> TimeModel:

@@ -36,6 +36,9 @@ from dataclasses import dataclass
 
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
 ARG_TYPES = ("int", "name", "text", "any")
+DEFAULT_MAX_CHARS = {"name": 40, "text": 120, "any": 120}
+"""The most characters a quoted argument holds unless its robot file says (``text ..N``): the grammar closes the
+quote there, so a model caught repeating itself inside a string cannot spend a segment's whole token budget."""
 RETURN_TYPES = ("bool", "number", "text")
 BLOCKING_LANGUAGES = ("minispec", "calls")
 """Plan languages made of statements, after which an observation can be written."""
@@ -109,6 +112,8 @@ class ArgSpec:
     low: int = 0
     high: int = 0
     """Inclusive bounds of an ``int`` argument."""
+    max_chars: int = 0
+    """The most characters between the quotes of a ``name`` or ``text`` argument (either, for ``any``)."""
 
 
 @dataclass(frozen=True)
