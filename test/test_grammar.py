@@ -179,16 +179,17 @@ def test_a_block_whose_header_was_dispatched_is_closed_empty_not_filled() -> Non
 
 
 def test_a_quoted_argument_closes_at_its_robot_files_bound(tmp_path: Path) -> None:
-    """A model repeating itself inside a string (SmolLM2 on the remote engine: 256 tokens of one ``p('...``) must
+    """A model repeating itself inside a string (SmolLM2 on the remote engine: 48 tokens of one ``p('...``) must
     close the quote at the argument's bound, not spend the segment's token budget."""
     tello = plan_grammar(MODELS["tello"])
     question = "is it a cat, " * 30  # 390 characters: longer than every bound below
-    at_bound, past = f"_1=p('{question[:120]}');", f"_1=p('{question[:121]}');"
+    at_bound, past = f"_1=p('{question[:64]}');", f"_1=p('{question[:65]}');"  # text: 64
     assert tello.accepts(at_bound) and not tello.accepts(past)
     assert xgrammar_accepts(tello.continuation(""), at_bound)
     assert not xgrammar_accepts(tello.continuation(""), past)
-    assert not xgrammar_accepts(tello.continuation(past[:126]), "a');")  # only the closing quote may follow
-    assert not tello.accepts(f"g('{'a' * 41}');") and tello.accepts(f"g('{'a' * 40}');")  # name: 40
+    assert not xgrammar_accepts(tello.continuation(past[:70]), "a');")  # only the closing quote may follow
+    assert xgrammar_accepts(tello.continuation(past[:70]), "');")
+    assert not tello.accepts(f"g('{'a' * 33}');") and tello.accepts(f"g('{'a' * 32}');")  # name: 32
     extended = tmp_path / "tello.yaml"
     extended.write_text((skill_model_dir() / "tello.yaml").read_text()
                         + "  - {abbr: sy, name: say, args: [{line: text ..300}, {voice: name ..8}], time: {fixed: 1.0},"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 SEGMENT_LANGUAGES = ("minispec", "calls", "sentence", "paragraph")
 ARG_TYPES = ("int", "name", "text", "any")
-DEFAULT_MAX_CHARS = {"name": 40, "text": 120, "any": 120}
+DEFAULT_MAX_CHARS = {"name": 32, "text": 64, "any": 64}
 """The most characters a quoted argument holds unless its robot file says (``text ..N``): the grammar closes the
 quote there, so a model caught repeating itself inside a string cannot spend a segment's whole token budget."""
 RETURN_TYPES = ("bool", "number", "text")
