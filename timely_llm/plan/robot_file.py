@@ -14,7 +14,6 @@ from timely_llm.plan.grammar import plan_grammar
 from timely_llm.plan.robot_prompt import build_system_prompt, parse_prompt
 from timely_llm.plan.skills import (
     BLOCKING_LANGUAGES,
-    DEFAULT_MAX_CHARS,
     DEFAULT_OBSERVATION_FORM,
     DEFAULT_OBSERVATION_MAX_TOKENS,
     RETURN_TYPES,
@@ -135,7 +134,7 @@ def _parse_observation(raw: Any, skills: list[Skill], language: str, source: str
 
 def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:
     if isinstance(raw, str):
-        return ArgSpec(raw, "any", max_chars=DEFAULT_MAX_CHARS["any"])
+        return ArgSpec(raw, "any")
     if not (isinstance(raw, dict) and len(raw) == 1 and isinstance(next(iter(raw.values())), str)):
         raise ConfigError(source, where, "expected NAME or {NAME: TYPE}")
     name, kind = next(iter(raw.items()))
@@ -145,8 +144,8 @@ def _parse_arg(raw: Any, where: str, source: str) -> ArgSpec:
             raise ConfigError(source, where, f"empty range {low}..{high}")
         return ArgSpec(name, "int", low, high)
     if m := _QUOTED_TYPE.fullmatch(kind.strip()):
-        longest = int(m.group(2)) if m.group(2) else DEFAULT_MAX_CHARS[m.group(1)]
-        if longest < 1:
+        longest = int(m.group(2) or 0)
+        if m.group(2) and longest < 1:
             raise ConfigError(source, where, f"a {m.group(1)} holds at least 1 character, got ..{longest}")
         return ArgSpec(name, m.group(1), max_chars=longest)
     raise ConfigError(source, where, f"type must be 'int LOW..HIGH', 'name [..MAX]' or 'text [..MAX]', got {kind!r}")

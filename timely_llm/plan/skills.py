@@ -113,7 +113,8 @@ class ArgSpec:
     high: int = 0
     """Inclusive bounds of an ``int`` argument."""
     max_chars: int = 0
-    """The most characters between the quotes of a ``name`` or ``text`` argument (either, for ``any``)."""
+    """The most characters between the quotes of a ``name`` or ``text`` argument (either, for ``any``); 0: the
+    type's ``DEFAULT_MAX_CHARS``, which the grammar applies."""
 
 
 @dataclass(frozen=True)
