@@ -20,8 +20,9 @@ from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.sim import SimEngine, zero_time
 from timely_llm.engines.sim_tokenizer import SimTokenizer
 from timely_llm.plan.grammar import plan_grammar
-from timely_llm.plan.regex import EPS, INF, Alt, Cat, Chars, Regex, Repeat, render
+from timely_llm.plan.regex import EPS, INF, Alt, Cat, Chars, Regex, Repeat, derive_text, forced_text, render
 from timely_llm.plan.robot_file import load_skill_models
+from timely_llm.plan.segmenter import AHEAD_LIMIT
 from timely_llm.plan.skills import SkillCall, SkillModel
 from timely_llm.server import PlanRequest
 from timely_llm.serving import ServerConfig, build_server
@@ -129,3 +130,33 @@ def test_every_truncation_dispatches_only_calls_the_plan_holds(robot: str, polic
     assert checked > 1000
     if robot != "tello":
         assert closed_empty == 0  # no blocks
+
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_only_a_generation_bound_to_the_grammar_is_cut_before_a_forced_ending(replayed: bool) -> None:
+    # 'mb' '(' '80': nothing but ');' may follow a move of 20..500 cm. A replay goes out as recorded.
+    tokenizer, model = SimTokenizer(), MODELS["tello"]
+    ids = tokenizer.encode_continuation("mb(80);mu(60);")
+    plan = PlanRequest("r", "test", model.robot, tokenizer.encode("Plan: "), TUF(1.0, -2.0, 1.0),
+                       forced_ids=ids if replayed else None)
+    request = plan.request(model, 0.0, 64, tokenizer.decode, streaming=True)
+    assert request.stream is not None
+    cuts = []
+    for count, token in enumerate(ids, 1):
+        request.output_ids.append(token)
+        pieces, _ = request.stream.push(request, [token], finished=False)
+        cuts += [(piece, count) for piece in pieces]
+    assert cuts == ([("mb(80);", 4), ("mu(60);", 8)] if replayed else [("mb(80);", 3), ("mu(60);", 7)])
+
+
+@pytest.mark.parametrize("robot", ["tello", "arm"])  # a sentence's end is never forced
+def test_an_ending_the_grammar_forces_is_what_every_plan_writes_there(robot: str) -> None:
+    root = plan_grammar(MODELS[robot]).root
+    forced = 0
+    for plan in plans(robot):
+        for cut in range(len(plan)):
+            ending = forced_text(derive_text(root, plan[:cut]), AHEAD_LIMIT)
+            assert plan[cut:].startswith(ending), (plan, cut, ending)
+            forced += bool(ending)
+    assert forced > 0

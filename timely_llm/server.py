@@ -59,12 +59,12 @@ class PlanRequest:
                 decode: Callable[[list[int]], str], streaming: bool) -> Request:
         """The request the server serves for this one, arrived at ``arrival``; ``decode`` and ``streaming``:
         its plan stream's detokenizer and whether segments go out as they are cut."""
+        grammar = plan_grammar(robot) if self.constrained and self.forced_ids is None else None
         return Request(
             id=self.id, agent=self.agent, robot=robot, tuf=self.tuf, arrival=arrival,
             prompt_ids=list(self.prompt_ids), max_new_tokens=self.max_new_tokens or default_max_new_tokens,
-            forced_ids=self.forced_ids, category=self.category, trace=self.trace,
-            grammar=plan_grammar(robot) if self.constrained and self.forced_ids is None else None,
-            stream=PlanStream(robot, decode, streaming),
+            forced_ids=self.forced_ids, category=self.category, trace=self.trace, grammar=grammar,
+            stream=PlanStream(robot, decode, streaming, grammar),
             overload=OverloadState(keep_if_infeasible=self.keep_if_infeasible, overrun=self.overrun),
         )
 

@@ -32,10 +32,13 @@ class Generation(Protocol):
 
 
 class PlanStream:
-    def __init__(self, robot: SkillModel, decode: Callable[[list[int]], str], streaming: bool) -> None:
-        """``streaming``: cut each segment as soon as it exists; otherwise hold the plan to its end."""
+    def __init__(self, robot: SkillModel, decode: Callable[[list[int]], str], streaming: bool,
+                 grammar: PlanGrammar | None = None) -> None:
+        """``streaming``: cut each segment as soon as it exists; otherwise hold the plan to its end. ``grammar``:
+        the one the generation is bound to, if any: a statement is cut as soon as it allows one ending only (a
+        replayed plan has none: it goes out as recorded, in the simulator as on a real engine)."""
         self.detok = IncrementalDetokenizer(decode)
-        self.segmenter = Segmenter(robot)
+        self.segmenter = Segmenter(robot, grammar.root if grammar is not None else None)
         self.streaming = streaming
 
     def push(self, request: Generation, tokens: list[int], finished: bool) -> tuple[list[str], bool]:

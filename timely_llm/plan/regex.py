@@ -202,6 +202,44 @@ def matches(r: Regex, text: str) -> bool:
     return nullable(derive_text(r, text))
 
 
+
+@cache
+def first_chars(r: Regex) -> frozenset[str] | None:
+    """The characters a non-empty match of ``r`` may start with; None where a negated class makes them
+    unbounded."""
+    if isinstance(r, Chars):
+        return None if r.negated else r.chars
+    parts: tuple[Regex, ...] = ()
+    if isinstance(r, Alt):
+        parts = tuple(r.options)
+    elif isinstance(r, Repeat):
+        parts = (r.inner,)
+    elif isinstance(r, Cat):
+        leading = 1 + next((i for i, p in enumerate(r.parts) if not nullable(p)), len(r.parts) - 1)
+        parts = r.parts[:leading]
+    found: set[str] = set()
+    for part in parts:
+        more = first_chars(part)
+        if more is None:
+            return None
+        found |= more
+    return frozenset(found)
+
+
+def forced_text(r: Regex, limit: int) -> str:
+    """The text every match of ``r`` begins with, up to ``limit`` characters: as long as ``r`` cannot end
+    and allows one next character only."""
+    text = ""
+    while len(text) < limit and not nullable(r):
+        options = first_chars(r)
+        if options is None or len(options) != 1:
+            break
+        ch = next(iter(options))
+        text += ch
+        r = derive(r, ch)
+    return text
+
+
 # ----- rendering -----
 
 @lru_cache(maxsize=50_000)

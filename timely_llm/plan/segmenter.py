@@ -3,7 +3,9 @@
 Generated token ids are turned into text as they arrive; the segmenter cuts the
 text into segments, each ending at a statement boundary once the text since the
 last cut holds a complete executable skill call. Text may arrive split anywhere,
-including inside a skill name or a quoted argument.
+including inside a skill name or a quoted argument. Where the generation is bound to
+its robot's grammar, a statement is cut as soon as the grammar leaves it one ending:
+the robot gets its action a token or more before the model writes that ending.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from timely_llm.plan.regex import EMPTY, Regex, derive_text, forced_text
 from timely_llm.plan.skills import SkillModel
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -19,6 +22,8 @@ KEEP_TOKENS = 4
 depends on the token before it, comes out whole."""
 REANCHOR_AFTER = 12
 """Tokens in the decoded window before it is cut back to KEEP_TOKENS."""
+AHEAD_LIMIT = 8
+"""Characters of a statement's ending looked ahead for: more than any closing of a call (``');``, ``)}``)."""
 
 
 class IncrementalDetokenizer:
@@ -55,22 +60,65 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s")
 class Segmenter:
     """Cuts a generation's text into executable segments for one robot's language."""
 
-    def __init__(self, model: SkillModel) -> None:
+    def __init__(self, model: SkillModel, grammar: Regex | None = None) -> None:
+        """``grammar``: the grammar the generation is bound to, if any. A statement that it lets end one way only
+        (``mb(80`` of a move of at most 500 cm can only go on ``);``) is then cut with that ending, which the
+        model must still write: it is owed, and taken off the text the model writes next."""
         self.model = model
         self.pending = ""
         self._scanned = 0
         self._quote: str | None = None
+        self._state = grammar
+        """The grammar's derivative by the text fed and the endings owed; None without one, EMPTY once left."""
+        self._owed = ""
 
     def feed(self, text: str) -> list[str]:
         """Add generated text; return the segments it completed (often none)."""
+        text = self._paid(text)
+        if self._state is not None:
+            self._state = derive_text(self._state, text)
         self.pending += text
         segments = []
         while (cut := self._next_cut()) is not None:
-            segments.append(self.pending[:cut])
-            self.pending = self.pending[cut:]
-            self._scanned = 0
-            self._quote = None
+            segments.append(self._cut(cut))
+        if (ahead := self._cut_ahead()) is not None:
+            segments.append(ahead)
         return segments
+
+    def _cut(self, cut: int) -> str:
+        segment = self.pending[:cut]
+        self.pending, self._scanned, self._quote = self.pending[cut:], 0, None
+        return segment
+
+    def _paid(self, text: str) -> str:
+        """``text`` less the part of the owed ending it writes. Text other than the owed ending can only come
+        from a generation not bound to the grammar after all: the cuts go on without looking ahead."""
+        paid = 0
+        while paid < min(len(text), len(self._owed)) and text[paid] == self._owed[paid]:
+            paid += 1
+        if paid < min(len(text), len(self._owed)):
+            self._state, self._owed = None, ""
+        else:
+            self._owed = self._owed[paid:]
+        return text[paid:]
+
+    def _cut_ahead(self) -> str | None:
+        """The pending statement with the only ending the grammar allows it, where that ending completes an
+        executable segment (not one ending in a blocking call: its robot's value must follow the model's own
+        text)."""
+        if self._state is None or self._state is EMPTY or self._owed or not self.pending:
+            return None
+        ending = forced_text(self._state, AHEAD_LIMIT)
+        written, scanned, quote = self.pending, self._scanned, self._quote
+        self.pending += ending
+        cut = self._next_cut() if ending else None
+        if cut is None or self.model.blocking_call(self.pending[:cut]) is not None:
+            self.pending, self._scanned, self._quote = written, scanned, quote
+            return None
+        self._owed = self.pending[len(written):cut]
+        self._state = derive_text(self._state, self._owed)
+        segment, self.pending = self._cut(cut), ""  # what followed the cut was not written either
+        return segment
 
     def hold(self, text: str) -> None:
         """Add text without cutting it (whole-plan dispatch); ``flush`` returns it all."""
@@ -78,7 +126,7 @@ class Segmenter:
 
     def flush(self) -> str:
         """End of generation: whatever text is left (may hold no skill, e.g. a closing brace)."""
-        rest, self.pending, self._scanned, self._quote = self.pending, "", 0, None
+        rest, self.pending, self._scanned, self._quote, self._owed = self.pending, "", 0, None, ""
         return rest
 
     def _next_cut(self) -> int | None:
