@@ -13,6 +13,7 @@ from timely_llm.engines.remote_prefixes import (
     PrefixCacheCounts,
     PrefixIndex,
     choose_server,
+    most_cached,
     prefix_cache_metrics,
 )
 from timely_llm.plan.robot_file import load_skill_models
@@ -70,6 +71,12 @@ def test_resumed_hits_from_server_counts_are_a_lower_bound_never_above_what_resu
     assert run == PrefixCacheCounts(2000, 1800, 300, 1500, 3)
     assert run.resumed_hits_at_least == 1500  # 1800 hits less 300 first-start tokens, capped at 1500
     assert PrefixCacheCounts(2000, 200, 300, 1500, 3).resumed_hits_at_least == 0
+
+
+def test_a_first_start_is_charged_only_what_a_vllm_prefix_cache_could_serve_it() -> None:
+    # Whole blocks, short of the last token: a 65-token prompt finds at most 64 cached, a 64-token one 32.
+    assert [most_cached(n, 32) for n in (0, 1, 32, 33, 64, 65, 96)] == [0, 0, 0, 32, 32, 64, 64]
+    assert most_cached(100, 16) == 96
 
 
 def _resumed_run(suspends_in_place: bool) -> KvReuse:

@@ -47,6 +47,7 @@ from timely_llm.engines.remote_prefixes import (
     PrefixCacheCounts,
     PrefixIndex,
     choose_server,
+    most_cached,
     prefix_cache_metrics,
 )
 from timely_llm.engines.remote_servers import (
@@ -262,7 +263,8 @@ class RemoteEngine(Engine):
             reusable = len(context) - 1 - trailing_observation(spec.observed, len(spec.output_ids))
             self._asked[server.url] += PrefixCacheCounts(resumed_tokens=max(reusable, 0), resumes=1)
         else:
-            self._asked[server.url] += PrefixCacheCounts(first_start_tokens=len(context))
+            block = server.served.block_size if server.served and server.served.block_size else self.block_size
+            self._asked[server.url] += PrefixCacheCounts(first_start_tokens=most_cached(len(context), block))
         self._prefixes[server.url].add(context)
 
     def prefix_cache_counts(self) -> dict[str, PrefixCacheCounts]:

@@ -50,6 +50,12 @@ def choose_server(candidates: list[Candidate], max_open: int) -> int:
     return min(near, key=lambda i: (-candidates[i].cached_blocks, candidates[i].open, -candidates[i].free_blocks))
 
 
+def most_cached(tokens: int, block_size: int) -> int:
+    """The most of a context of ``tokens`` a vLLM server serves from its prefix cache: whole blocks short of the
+    last token, which it computes for the next token's logits (``KVCacheManager.get_computed_blocks``)."""
+    return max(tokens - 1, 0) // block_size * block_size
+
+
 class PrefixIndex:
     def __init__(self, block_size: int, capacity_blocks: int) -> None:
         self._block_size = block_size
@@ -88,7 +94,8 @@ class PrefixIndex:
 @dataclass(frozen=True)
 class PrefixCacheCounts:
     """One server's prefix cache as its metrics count it (tokens looked up, tokens found), beside what this engine
-    asked of it (tokens of first starts, tokens its resumes could reuse, resumes). Subtract two to get a run's."""
+    asked of it (tokens its first starts could find cached at most, tokens its resumes could reuse, resumes).
+    Subtract two to get a run's."""
 
     queries: int = 0
     hits: int = 0
@@ -107,7 +114,7 @@ class PrefixCacheCounts:
 
     @property
     def resumed_hits_at_least(self) -> int:
-        """Tokens the resumes found cached, at least: every hit but those first starts could have had."""
+        """Tokens the resumes found cached, at least: every hit but the most first starts could have had."""
         return min(max(self.hits - self.first_start_tokens, 0), self.resumed_tokens)
 
 
