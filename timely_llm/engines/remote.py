@@ -263,8 +263,7 @@ class RemoteEngine(Engine):
             reusable = len(context) - 1 - trailing_observation(spec.observed, len(spec.output_ids))
             self._asked[server.url] += PrefixCacheCounts(resumed_tokens=max(reusable, 0), resumes=1)
         else:
-            block = server.served.block_size if server.served and server.served.block_size else self.block_size
-            self._asked[server.url] += PrefixCacheCounts(first_start_tokens=most_cached(len(context), block))
+            self._asked[server.url] += PrefixCacheCounts(first_start_tokens=most_cached(len(context), self.block_size))
         self._prefixes[server.url].add(context)
 
     def prefix_cache_counts(self) -> dict[str, PrefixCacheCounts]:
