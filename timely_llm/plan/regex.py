@@ -202,7 +202,6 @@ def matches(r: Regex, text: str) -> bool:
     return nullable(derive_text(r, text))
 
 
-
 @cache
 def first_chars(r: Regex) -> frozenset[str] | None:
     """The characters a non-empty match of ``r`` may start with; None where a negated class makes them
