@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from timely_llm.core.kv_reuse import RESUMED, RESUMED_FROM_KV, RESUMES, KvReuse, count_resume
+from timely_llm.engines.base import most_cached
 from timely_llm.engines.hardware import load_profile
 from timely_llm.engines.remote_prefixes import (
     BALANCE_SLACK,
@@ -13,7 +14,6 @@ from timely_llm.engines.remote_prefixes import (
     PrefixCacheCounts,
     PrefixIndex,
     choose_server,
-    most_cached,
     prefix_cache_metrics,
 )
 from timely_llm.plan.robot_file import load_skill_models

@@ -21,9 +21,8 @@ import pytest
 from guards import bounded, wait_until
 from remote_servers import API_KEY, API_KEY_ENV, free_tcp_port, settings
 
-from timely_llm.engines.base import EngineRejected, GenerationSpec, StepOutput
+from timely_llm.engines.base import EngineRejected, GenerationSpec, StepOutput, most_cached
 from timely_llm.engines.remote import SILENT_SHARE, RemoteEngine
-from timely_llm.engines.remote_prefixes import most_cached
 from timely_llm.engines.remote_servers import base_url
 from timely_llm.engines.remote_settings import RemoteSettings
 from timely_llm.plan.grammar import plan_grammar

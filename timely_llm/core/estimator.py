@@ -27,6 +27,7 @@ import numpy as np
 
 from timely_llm.core.features import Features
 from timely_llm.core.request import Request, Status
+from timely_llm.engines.base import most_cached
 from timely_llm.plan.skills import SkillModel
 
 if TYPE_CHECKING:
@@ -286,7 +287,7 @@ class SegmentTimes:
         if status in (Status.RUNNING, Status.PARKED):
             return 0
         context = request.context_tokens
-        cacheable = (context - 1) // self.block_tokens * self.block_tokens
+        cacheable = most_cached(context, self.block_tokens)
         if status is Status.WAITING:
             cacheable = min(cacheable, self._warm_prefix(request) // self.block_tokens * self.block_tokens)
         return context - cacheable

@@ -88,6 +88,12 @@ def sampled_ids(output_ids: list[int], observed: tuple[tuple[int, int], ...]) ->
     return kept + output_ids[start:]
 
 
+def most_cached(tokens: int, block_size: int) -> int:
+    """The most of a context of ``tokens`` vLLM serves from its prefix cache: whole blocks short of the last
+    token, which it computes for the next token's logits (``KVCacheManager.get_computed_blocks``)."""
+    return max(tokens - 1, 0) // block_size * block_size
+
+
 def trailing_observation(observed: tuple[tuple[int, int], ...] | list[tuple[int, int]], output_tokens: int) -> int:
     """Tokens of the observation that ends an output of ``output_tokens`` with ``observed`` spans: written after
     the last sampled token, new to the engine; 0 where the output ends with a sampled token."""

@@ -40,6 +40,7 @@ from timely_llm.engines.base import (
     ServerHealth,
     StepOutput,
     Tokenizer,
+    most_cached,
     trailing_observation,
 )
 from timely_llm.engines.remote_prefixes import (
@@ -47,7 +48,6 @@ from timely_llm.engines.remote_prefixes import (
     PrefixCacheCounts,
     PrefixIndex,
     choose_server,
-    most_cached,
     prefix_cache_metrics,
 )
 from timely_llm.engines.remote_servers import (

@@ -50,12 +50,6 @@ def choose_server(candidates: list[Candidate], max_open: int) -> int:
     return min(near, key=lambda i: (-candidates[i].cached_blocks, candidates[i].open, -candidates[i].free_blocks))
 
 
-def most_cached(tokens: int, block_size: int) -> int:
-    """The most of a context of ``tokens`` a vLLM server serves from its prefix cache: whole blocks short of the
-    last token, which it computes for the next token's logits (``KVCacheManager.get_computed_blocks``)."""
-    return max(tokens - 1, 0) // block_size * block_size
-
-
 class PrefixIndex:
     def __init__(self, block_size: int, capacity_blocks: int) -> None:
         self._block_size = block_size

@@ -17,7 +17,7 @@ from vllm.config import SchedulerConfig
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from timely_llm.engines import vllm_internals as internals
-from timely_llm.engines.base import GenerationSpec, ResumeInfo
+from timely_llm.engines.base import GenerationSpec, ResumeInfo, most_cached
 from timely_llm.engines.forcing import FORCED_KEY
 from timely_llm.engines.vllm_internals import VllmCore
 
@@ -43,9 +43,7 @@ class Generation:
         if self.kept_tokens is not None:
             kept, self.kept_tokens = self.kept_tokens, None
             return ResumeInfo(self.context_tokens, kept, False)
-        # vLLM always recomputes the last context token, so a full hit covers the
-        # full blocks of context_tokens - 1.
-        expected = (self.context_tokens - 1) // block_size * block_size
+        expected = most_cached(self.context_tokens, block_size)
         evicted = bool(self.spec.output_ids) and cached < expected
         return ResumeInfo(self.context_tokens, cached, evicted)
 
