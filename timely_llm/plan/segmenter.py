@@ -109,9 +109,11 @@ class Segmenter:
         if self._state is None or self._state is EMPTY or self._owed or not self.pending:
             return None
         ending = forced_text(self._state, AHEAD_LIMIT)
+        if not ending:
+            return None
         written, scanned, quote = self.pending, self._scanned, self._quote
         self.pending += ending
-        cut = self._next_cut() if ending else None
+        cut = self._next_cut()
         if cut is None or self.model.blocking_call(self.pending[:cut]) is not None:
             self.pending, self._scanned, self._quote = written, scanned, quote
             return None
