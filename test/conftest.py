@@ -14,6 +14,10 @@ SELECT_INSTALLED = os.environ.get("TIMELY_LLM_TEST_SELECT_INSTALLED") == "1"
 _LEFT_OUT: dict[str, frozenset[str]] = {}
 
 _ROS_DOMAINS = random.SystemRandom()
+# Fast DDS binds UDP ports 7400 + 250 * domain + 0..249 (the RTPS port mapping). Above domain 100 these reach Linux's
+# ephemeral ports (32768 up), where a port drawn for djitellopy or a Tello simulator can be a participant's, and its
+# discovery packets then reach the drone's socket (CI once failed a takeoff on "response decode error" that way).
+_ROS_DOMAIN_RANGE = (1, 100)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -70,7 +74,7 @@ def ros_domain(monkeypatch: pytest.MonkeyPatch) -> int:
     """A DDS domain drawn at random: test runs of other processes on this host draw theirs alike, so two tests
     rarely meet (counting from the pid made two runs started together meet test after test)."""
     monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    return _ROS_DOMAINS.randint(1, 200)
+    return _ROS_DOMAINS.randint(*_ROS_DOMAIN_RANGE)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import time
 from collections.abc import Iterator
 
@@ -32,11 +31,9 @@ RECEIVE_TIMEOUT_S = 15.0
 
 
 @pytest.fixture
-def ros_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[rclpy.context.Context]:
-    # Discovery stays on this host and in a domain of its own, so concurrent runs don't meet.
-    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+def ros_context(ros_domain: int) -> Iterator[rclpy.context.Context]:
     context = rclpy_context.Context()
-    rclpy.init(context=context, domain_id=100 + os.getpid() % 100)
+    rclpy.init(context=context, domain_id=ros_domain)
     yield context
     rclpy.shutdown(context=context)
 
