@@ -76,6 +76,20 @@ def test_a_stamped_execution_outside_dispatch_to_arrival_is_refused(duration: fl
     book.take(_report(1.0, 1005.0), Instant(node=1010.0, server=60.0))  # nothing changed: a good one still counts
 
 
+def test_on_a_fast_sim_clock_the_slack_is_wall_seconds_at_the_clocks_speed() -> None:
+    """A 5x /clock: 10 node seconds since the dispatch took 2 server seconds. Each node's sim clock lags /clock by its
+    own delivery delay, so a robot's stamp 0.4 wall seconds behind the node's (2 simulated seconds) is skew, not a
+    made-up execution; 1.5 wall seconds behind is refused as at real time."""
+    fast = Instant(node=1010.0, server=52.0)
+    executed = _book().take(_report(3.0, stamp=1001.0), fast)  # from 998: 2 s before the dispatch
+    assert (executed.duration, executed.ended) == (3.0, 1001.0)
+    assert _book().take(_report(12.0), fast).duration == 12.0  # unstamped: 2 s over the 10 s since the dispatch
+    with pytest.raises(ReportRefused, match="starts before its dispatch"):
+        _book().take(_report(3.0, stamp=997.5), fast)  # from 994.5: 5.5 s before
+    with pytest.raises(ReportRefused, match="starts before its dispatch"):
+        _book().take(_report(3.0, stamp=1001.0), Instant(node=1010.0, server=60.0))  # the same report at 1x
+
+
 def test_out_of_range_nanoseconds_are_refused() -> None:
     report = _report(1.0, 1005.0)
     report.stamp.nanosec = 1_500_000_000

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 REPORT_SLACK_S = 1.0
 """How far a reported execution may reach outside the time since its segment's dispatch: before the dispatch, or
-(stamped) past the report's arrival. Clock granularity, and the skew between a robot's clock and the node's."""
+(stamped) past the report's arrival. Clock granularity, and the skew between a robot's clock and the node's. In wall
+seconds: on sim time each node's clock lags the /clock topic by its own delivery delay, so the skew in simulated
+seconds grows with the simulation's speed."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class ReportBook:
         segment = lane.awaited.get(report.index)
         if segment is None:
             raise ReportRefused(f"segment {report.index} was already reported")
-        executed = _executed(report, segment.dispatched, now.node)
+        executed = _executed(report, segment.dispatched, now)
         del lane.awaited[report.index]
         ahead = 0.0
         for index, later in lane.awaited.items():
@@ -175,7 +177,7 @@ class ReportBook:
         return sum(1 for lane in self._lanes.values() if lane.awaited)
 
 
-def _executed(report: SegmentDone, dispatched: Instant, now: float) -> Executed:
+def _executed(report: SegmentDone, dispatched: Instant, now: Instant) -> Executed:
     """The report's execution, checked to fit between its segment's dispatch and now (node's clock): stamped, its
     window [stamp - duration, stamp]; else its duration within the time since the dispatch."""
     try:
@@ -184,14 +186,22 @@ def _executed(report: SegmentDone, dispatched: Instant, now: float) -> Executed:
         raise ReportRefused(str(exc)) from None
     if duration < 0:
         raise ReportRefused(f"duration {duration:.6g} s is negative")
+    slack = REPORT_SLACK_S * _clock_rate(dispatched, now)
     if ended is None:
-        since = now - dispatched.node
-        if duration > since + REPORT_SLACK_S:
+        since = now.node - dispatched.node
+        if duration > since + slack:
             raise ReportRefused(f"duration {duration:.6g} s exceeds the {since:.3f} s since its dispatch")
-    elif ended > now + REPORT_SLACK_S:
-        raise ReportRefused(f"stamp {ended:.3f} s is ahead of the node's clock ({now:.3f} s): the robot's clock "
-                            "and the node's disagree")
-    elif ended - duration < dispatched.node - REPORT_SLACK_S:
+    elif ended > now.node + slack:
+        raise ReportRefused(f"stamp {ended:.3f} s is ahead of the node's clock ({now.node:.3f} s): the robot's "
+                            "clock and the node's disagree")
+    elif ended - duration < dispatched.node - slack:
         raise ReportRefused(f"execution from {ended - duration:.3f} s (stamp minus duration) starts before its "
                             f"dispatch at {dispatched.node:.3f} s on the node's clock")
     return Executed(dispatched, duration, ended)
+
+
+def _clock_rate(since: Instant, now: Instant) -> float:
+    """Node-clock seconds per wall second between two instants (a sim clock's speed), at least 1: a slower or
+    paused clock keeps the wall slack."""
+    wall = now.server - since.server
+    return max((now.node - since.node) / wall, 1.0) if wall > 0 else 1.0
