@@ -4,12 +4,14 @@ with the zero stamp by its arrival, as before stamps. Pure: no ROS session (the 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from builtin_interfaces.msg import Time as TimeMsg
 
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.messages import duration_msg
-from timely_llm.ros.reports import REPORT_SLACK_S, Instant, ReportBook, ReportRefused
+from timely_llm.ros.reports import REPORT_SLACK_S, Instant, ReportBook, ReportRefused, clock_speed
 from timely_llm.ros.robot_reports import server_window
 
 DISPATCHED = Instant(node=1000.0, server=50.0)
@@ -88,6 +90,23 @@ def test_on_a_fast_sim_clock_the_slack_is_wall_seconds_at_the_clocks_speed() -> 
         _book().take(_report(3.0, stamp=997.5), fast)  # from 994.5: 5.5 s before
     with pytest.raises(ReportRefused, match="starts before its dispatch"):
         _book().take(_report(3.0, stamp=1001.0), Instant(node=1010.0, server=60.0))  # the same report at 1x
+
+
+@pytest.mark.parametrize(("now", "speed"), [
+    (Instant(node=1010.0, server=52.0), 5.0),  # a 5x sim clock
+    (Instant(node=1001.0, server=54.0), 0.25),  # a slow one
+    (Instant(node=1000.0, server=55.0), None),  # a paused one: the node's clock did not advance
+    (Instant(node=1003.0, server=50.0), math.inf),  # only the node's clock advanced
+])
+def test_the_clock_speed_is_node_seconds_per_server_second(now: Instant, speed: float | None) -> None:
+    assert clock_speed(DISPATCHED, now) == speed
+
+
+def test_when_the_clock_speed_is_unknown_a_duration_keeps_its_seconds() -> None:
+    """A paused sim clock gives no speed to scale by: the reported duration is taken as server seconds."""
+    arrived = Instant(node=1000.0, server=53.0)
+    executed = _book().take(_report(0.5, stamp=1000.5), arrived)
+    assert server_window(executed, arrived) == (pytest.approx(0.5), 0.0)
 
 
 def test_out_of_range_nanoseconds_are_refused() -> None:

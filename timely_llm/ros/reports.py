@@ -36,6 +36,16 @@ def instant(ros_clock: Clock, server_clock: WallClock) -> Instant:
     return Instant(ros_clock.now().nanoseconds * 1e-9, server_clock.now())
 
 
+def clock_speed(since: Instant, now: Instant) -> float | None:
+    """Node-clock seconds per server second between two instants: a sim clock's speed, 1 on ROS wall time.
+    None when the node's clock did not advance; infinite when only it did."""
+    on_node = now.node - since.node
+    if on_node <= 0:
+        return None
+    on_server = now.server - since.server
+    return on_node / on_server if on_server > 0 else math.inf
+
+
 class ReportRefused(ValueError):
     """Why a report is not applied (nothing changed)."""
 
@@ -186,7 +196,7 @@ def _executed(report: SegmentDone, dispatched: Instant, now: Instant) -> Execute
         raise ReportRefused(str(exc)) from None
     if duration < 0:
         raise ReportRefused(f"duration {duration:.6g} s is negative")
-    slack = REPORT_SLACK_S * _clock_rate(dispatched, now)
+    slack = _slack(dispatched, now)
     if ended is None:
         since = now.node - dispatched.node
         if duration > since + slack:
@@ -200,8 +210,9 @@ def _executed(report: SegmentDone, dispatched: Instant, now: Instant) -> Execute
     return Executed(dispatched, duration, ended)
 
 
-def _clock_rate(since: Instant, now: Instant) -> float:
-    """Node-clock seconds per wall second between two instants (a sim clock's speed), at least 1: a slower or
-    paused clock keeps the wall slack."""
-    wall = now.server - since.server
-    return max((now.node - since.node) / wall, 1.0) if wall > 0 else 1.0
+
+def _slack(dispatched: Instant, now: Instant) -> float:
+    """``REPORT_SLACK_S`` at the node clock's speed since the dispatch, never less: a slower, paused or unmeasurable
+    clock keeps the wall slack."""
+    speed = clock_speed(dispatched, now)
+    return REPORT_SLACK_S * (max(speed, 1.0) if speed is not None and math.isfinite(speed) else 1.0)

@@ -13,7 +13,7 @@ from timely_llm_interfaces.names import MAX_ID_CHARS
 
 from timely_llm.ros.interfaces import SegmentDone
 from timely_llm.ros.ledger import Ledger
-from timely_llm.ros.reports import Executed, Instant, ReportRefused, instant
+from timely_llm.ros.reports import Executed, Instant, ReportRefused, clock_speed, instant
 from timely_llm.ros.server_loop import ServerLoop, abort, executed
 from timely_llm.ros.server_node import Guard, ServerNode
 from timely_llm.ros.throttle import ThrottledLog
@@ -61,8 +61,8 @@ class RobotReports:
 def server_seconds(duration: float, dispatched: Instant, received: Instant) -> float:
     """A duration on the node's clock in the server's seconds: scaled by how the two clocks ran since the dispatch
     (a simulation may run faster than the wall; on ROS wall time the scale is 1)."""
-    on_node = received.node - dispatched.node
-    return duration * (received.server - dispatched.server) / on_node if on_node > 0 else duration
+    speed = clock_speed(dispatched, received)
+    return duration if speed is None else duration / speed
 
 
 def server_window(executed: Executed, received: Instant) -> tuple[float, float | None]:
