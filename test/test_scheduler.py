@@ -72,6 +72,23 @@ def test_a_finished_generation_is_released_before_its_last_segment_goes_out_and_
     assert r.status is Status.SUCCEEDED and not sched.running and "a" not in sched.queue
 
 
+@pytest.mark.parametrize(("text", "budget_spent", "reason"), [
+    ("", False, "the model ended the plan without a statement for the robot to execute"),
+    (" ", False, "the model ended the plan without a statement for the robot to execute"),
+    ("mf(5", True, "the plan's {}-token budget ran out before its first complete statement"),
+])
+def test_a_generation_that_ends_without_a_statement_aborts_its_goal_and_dispatches_nothing(
+        text: str, budget_spent: bool, reason: str) -> None:
+    sched, engine = scheduler()
+    tokens = engine.tokenizer.encode_continuation(text)
+    budget = len(tokens) if budget_spent else 64
+    r = started(sched, engine, "a", max_new_tokens=budget)
+    notices = sched.update_from_output(StepOutput(0.02, new_tokens={"a": tokens}, finished={"a": "length"}), 0.02)
+    assert [type(n) for n in notices] == [Generated, Ended] and not r.segments
+    assert r.status is Status.ABORTED and r.reason == reason.format(budget)
+    assert not sched.running and "a" not in sched.queue
+
+
 def test_an_engine_failure_ends_the_generation_and_the_loop_releases_it() -> None:
     sched, engine = scheduler()
     r = started(sched, engine, "a")

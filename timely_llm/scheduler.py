@@ -204,6 +204,9 @@ class Scheduler:
         if finished:
             self.places.generated(request)
             self._notices.append(Generated(request))
+            if not request.segments and not request.overload.skipped_segments and not "".join(pieces).strip():
+                self._end(request, Status.ABORTED, _empty_plan_reason(request))
+                return
         segment = None
         for i, piece in enumerate(pieces):
             segment = self._dispatch(request, piece, now, final=last and i == len(pieces) - 1)
@@ -284,6 +287,13 @@ class Scheduler:
             return
         request.observe(observation, ids)
         self.places.observed(request)
+
+
+def _empty_plan_reason(request: Request) -> str:
+    """Why a generation that ended without a statement for its robot ends the goal: nothing was executed."""
+    if request.sampled_tokens >= request.max_new_tokens:
+        return f"the plan's {request.max_new_tokens}-token budget ran out before its first complete statement"
+    return "the model ended the plan without a statement for the robot to execute"
 
 
 def _record_resume_prefill(request: Request, info: ResumeInfo) -> None:
