@@ -107,7 +107,7 @@ def _robots(args: argparse.Namespace, workload: Workload, catalog: TraceCatalog,
     print(f"{flown} of {drones} drones fly Tello simulators through djitellopy"
           f"{f' ({drones - flown} sleep their skill-model times)' if flown < drones else ''}; "
           f"{sum(robot == 'arm' for robot in agents.values())} simulated arms")
-    return simulated_robots(agents, skills, catalog, args.seed, args.max_drones)
+    return simulated_robots(agents, skills, catalog, args.seed, args.max_drones, domain=args.domain_id)
 
 
 def _add_fleet(p: argparse.ArgumentParser) -> None:

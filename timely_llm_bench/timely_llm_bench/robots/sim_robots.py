@@ -123,19 +123,22 @@ def arm_objects(catalog: TraceCatalog, model: SkillModel) -> dict[str, str]:
             for c in model.find_calls(t.plan) if c.name == "pick" and c.args}
 
 
-def ensure_client_ports() -> tuple[int, int]:
-    """Free local ports for djitellopy unless it listens already or others were chosen; the ports in use."""
+def ensure_client_ports(domain: int | None = None) -> tuple[int, int]:
+    """Free local ports for djitellopy, outside ROS domain ``domain``'s DDS ports (default ``$ROS_DOMAIN_ID``),
+    unless it listens already or others were chosen; the ports in use."""
     if not djitellopy_tello.threads_initialized and (Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT) == TELLO_PORTS:
-        use_client_ports(free_udp_port(), free_udp_port())
+        use_client_ports(free_udp_port(domain), free_udp_port(domain))
     return Tello.CONTROL_UDP_PORT, Tello.STATE_UDP_PORT
 
 
 @contextmanager
 def simulated_robots(agents: dict[str, str], skills: dict[str, SkillModel], catalog: TraceCatalog, seed: int = 0,
-                     max_drones: int | None = None, time_scale: float = 1.0) -> Iterator[dict[str, SegmentRunner]]:
+                     max_drones: int | None = None, time_scale: float = 1.0,
+                     domain: int | None = None) -> Iterator[dict[str, SegmentRunner]]:
     """A runner per agent (agent -> robot type): the first ``max_drones`` tello agents fly Tello simulators
     through djitellopy, arms are SimulatedArms, mobile bases SimulatedMobileBases, and every other agent
-    sleeps SimulatedSkills times; ``time_scale`` multiplies every skill's time."""
+    sleeps SimulatedSkills times; ``time_scale`` multiplies every skill's time. ``domain``: the ROS domain whose DDS
+    ports djitellopy's client must not take (default ``$ROS_DOMAIN_ID``)."""
     tello_agents = sorted(a for a, robot in agents.items() if robot == "tello")[:max_drones]
     runners: dict[str, SegmentRunner] = {a: SimulatedSkills(skills[robot], seed, time_scale)
                                          for a, robot in agents.items()}
@@ -144,6 +147,7 @@ def simulated_robots(agents: dict[str, str], skills: dict[str, SkillModel], cata
                 for a, robot in agents.items() if robot == "mobile_base"}
     with ExitStack() as stack:
         if tello_agents:
+            ensure_client_ports(domain)
             drones = _start_drones(len(tello_agents), skills["tello"], seed, catalog, time_scale, stack)
             runners |= {a: d.runner() for a, d in zip(tello_agents, drones, strict=True)}
         yield runners
@@ -171,7 +175,6 @@ def _first_number(args: Sequence[Value]) -> float | None:
 
 def _start_drones(count: int, model: SkillModel, seed: int, catalog: TraceCatalog, time_scale: float,
                   stack: ExitStack) -> list[SimulatedDrone]:
-    ensure_client_ports()
     Tello.LOGGER.setLevel(logging.WARNING)  # djitellopy logs every command at INFO
     scene = drone_scene(catalog, model)
     drones = [SimulatedDrone(str(FIRST_DRONE_IP + i), SkillTimes(model, seed), scene, time_scale)

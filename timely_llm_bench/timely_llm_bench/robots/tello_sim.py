@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TypeGuard
@@ -34,6 +36,8 @@ SPEED_RANGE_CM_S = (10, 100)
 BATTERY_DRAIN_PER_S = 100 / (13 * 60)  # a full battery flies about 13 minutes
 TAKEOFF_LAND_S = 3.0  # not skills of the plans, so not in the skill model
 FLIP_S = 2.0
+RTPS_PORT_BASE = 7400
+RTPS_DOMAIN_GAIN = 250
 
 # Tello answers these with "ok" and nothing changes in the simulation.
 _SETTINGS = frozenset({
@@ -72,11 +76,32 @@ def _command_times() -> dict[str, TimeModel]:
     return {command: by_name[skill] for command, skill in _SKILL_OF_COMMAND.items()}
 
 
-def free_udp_port() -> int:
-    """A UDP port free on every local address now (for a client or simulator to bind next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+def dds_ports(domain: int) -> range:
+    """The UDP ports of a ROS 2 domain's DDS participants (the RTPS port mapping: 250 from 7400 + 250 x domain).
+    Participants send discovery to all of them, so a drone client's socket on one reads RTPS packets as answers."""
+    first = RTPS_PORT_BASE + RTPS_DOMAIN_GAIN * domain
+    return range(first, first + RTPS_DOMAIN_GAIN)
+
+
+def free_udp_port(domain: int | None = None) -> int:
+    """A UDP port free on every local address now (for a client or simulator to bind next), outside the DDS ports
+    of ROS domain ``domain`` (default ``$ROS_DOMAIN_ID``, else 0): above domain 100 those are ephemeral ports, the
+    ones the kernel hands out."""
+    avoid = dds_ports(_ros_domain() if domain is None else domain)
+    with ExitStack() as probes:
+        while True:  # a probe on an avoided port stays bound, so each draw is new; the kernel's range runs out first
+            probe = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            probe.bind(("", 0))
+            port: int = probe.getsockname()[1]
+            if port not in avoid:
+                return port
+
+
+def _ros_domain() -> int:
+    try:
+        return int(os.environ.get("ROS_DOMAIN_ID", "0"))
+    except ValueError:
+        return 0
 
 
 @dataclass(frozen=True)
