@@ -183,20 +183,21 @@ def test_first_segments_split_an_urgent_requests_wait_by_step_kind() -> None:
     assert empty == 0.001 and outside == pytest.approx(0.5 - 0.181, abs=1e-3)
 
 
-def test_a_node_plan_left_empty_gave_no_action_as_on_the_streaming_side() -> None:
+def test_a_node_plan_without_a_statement_gave_no_action_as_on_the_streaming_side() -> None:
     skills = load_skill_models()
     base = Outcome("r", "a", 8, "urgent", "tello", Status.SUCCEEDED, "", 0.0, TUF(0.2, -6.67, 2.0), "mf(50);", 12, (),
                    response_time=0.4, completion_time=2.0)
     assert _node_record(base, skills) == RunRecord("r", "urgent", 8, True, True, 0.4, 2.0, "mf(50);")
-    empty = dataclasses.replace(base, plan="", response_time=0.9, completion_time=0.9)
-    assert _node_record(empty, skills) == RunRecord("r", "urgent", 8, False, False, None, None, "",
-                                                    "succeeded, no statement in the token budget")
+    budget_out = "the plan's 48-token budget ran out before its first complete statement"
+    empty = dataclasses.replace(base, status=Status.ABORTED, reason=budget_out, plan="", response_time=None,
+                                completion_time=None)
+    assert _node_record(empty, skills) == RunRecord("r", "urgent", 8, False, False, None, None, "", budget_out)
     failed = dataclasses.replace(base, status=Status.ABORTED, reason="engine error: http://s sent nothing for 60 s",
                                  plan="", response_time=None, completion_time=None)
     assert _node_record(failed, skills).reason == "engine error: http://s sent nothing for 60 s"
     runs = [Run("node-remote", "timelyllm", "w", 1, [_node_record(o, skills) for o in (base, empty, failed, failed)])]
     assert failures(runs) == ("w node-remote timelyllm round 1: 2 x engine error: http://s sent nothing for 60 s; "
-                              "1 x succeeded, no statement in the token budget")
+                              f"1 x {budget_out}")
     assert failures([Run("node", "timelyllm", "w", 1, [_node_record(base, skills)])]) == "none"
 
 

@@ -358,15 +358,15 @@ def node_replay(engine, workload: Workload, requests: list[WorkloadRequest], pol
 
 
 def _node_record(outcome: Outcome, skills: dict[str, SkillModel]) -> RunRecord:
-    """As a streaming robot's record: a plan left empty (no statement completed within the token budget)
-    gave its robot no action, so it did not succeed and has no response."""
+    """As a streaming robot's record: a plan that gave its robot no action (the node aborts one without a
+    statement, saying why) did not succeed and has no response."""
     ok = outcome.response_time is not None and bool(outcome.plan.strip())
     if outcome.trace is None:
         raise ValueError(f"request {outcome.id} replayed no trace")  # node_replay sends each with its trace
     grammatical = ok and _grammar(skills[outcome.robot]).accepts(outcome.plan)
     return RunRecord(outcome.id, outcome.category, outcome.trace, ok, grammatical,
                      outcome.response_time if ok else None, outcome.completion_time if ok else None, outcome.plan,
-                     "" if ok else outcome.reason or f"{outcome.status.value}, no statement in the token budget")
+                     "" if ok else outcome.reason or outcome.status.value)
 
 
 def _grammar(robot: SkillModel) -> PlanGrammar:
