@@ -27,7 +27,9 @@ def test_plan_prints_segments_then_one_json_line() -> None:
     assert set(plan) == {"robot", "task", "plan", "segments"}
     assert (plan["robot"], plan["task"]) == ("tello", task)
     assert plan["plan"] == "".join(s["text"] for s in plan["segments"])
-    assert lines[:-1] == [f"segment {s['index']}: {s['text']}" for s in plan["segments"]]
+    aborted = plan["plan"] == ""  # no statement within 24 tokens: the node aborts such a plan, saying why
+    said = ["aborted: the plan's 24-token budget ran out before its first complete statement"] if aborted else []
+    assert lines[:-1] == [f"segment {s['index']}: {s['text']}" for s in plan["segments"]] + said
     model = load_skill_models()["tello"]
     # Random weights write grammatical text, but 24 tokens may end it mid-statement: the plan then holds only the
     # complete statements (maybe none), and a block whose header went out already is closed empty.
@@ -37,11 +39,11 @@ def test_plan_prints_segments_then_one_json_line() -> None:
     for segment in plan["segments"]:
         assert all(set(skill) == {"name", "args"} and skill["name"] in model.skills for skill in segment["skills"])
     at_cap = "the plan stopped at its token cap" in proc.stderr  # random weights may well write 24 tokens
-    assert proc.returncode == (3 if at_cap else 0), proc.stderr[-2000:]
+    assert proc.returncode == (1 if aborted else 3 if at_cap else 0), proc.stderr[-2000:]
     assert "INFO" not in proc.stdout and "INFO" in proc.stderr  # vLLM's logs stay off stdout
 
 
-def test_plan_says_it_is_loading_the_engine_and_that_the_plan_stopped_at_its_token_cap_exiting_3() -> None:
+def test_plan_says_it_is_loading_the_engine_and_that_a_plan_without_a_statement_failed_exiting_1() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "timely_llm.cli", "plan", "--robot", "tello", "--task", "Take off.", "--model", "tiny",
          "--max-new-tokens", "2"],  # no statement of the grammar ends within 2 tokens
@@ -50,10 +52,27 @@ def test_plan_says_it_is_loading_the_engine_and_that_the_plan_stopped_at_its_tok
     loading = stderr.find("\nloading tiny on embedded vLLM (on a CPU it compiles")  # a line of its own
     assert 0 <= loading < stderr.find("Loading safetensors"), proc.stderr[-2000:]  # before the model loads
     assert "\ngenerating\n" in proc.stderr
-    assert "the plan stopped at its token cap (2 tokens; --max-new-tokens raises it)" in proc.stderr
-    assert "(exit status 3)" in proc.stderr
-    assert "token cap" not in proc.stdout
-    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stdout == "aborted: the plan's 2-token budget ran out before its first complete statement\n"
+    assert "token cap" not in proc.stderr  # the plan failed; it was not cut short of its task
+    assert proc.returncode == 1, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("status", "reason", "sampled", "exit_status", "said"), [
+    ("succeeded", "", 64, 3, "the plan stopped at its token cap (64 tokens; --max-new-tokens raises it)"),
+    ("succeeded", "", 10, 0, ""),
+    ("aborted", "the plan's 64-token budget ran out before its first complete statement", 64, 1, ""),
+    ("aborted", "engine error: out of memory", 10, 1, ""),
+])
+def test_the_exit_status_says_how_the_plan_ended(status: str, reason: str, sampled: int, exit_status: int,
+                                                said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from timely_llm.cli.engine import _report
+    from timely_llm.planning import GeneratedPlan
+
+    plan = GeneratedPlan("tello", "t", status, reason, list(range(sampled)), [], max_new_tokens=64)
+    assert _report(plan, False, sys.stdout) == exit_status
+    out, err = capsys.readouterr()
+    assert out == (f"{status}: {reason}\n" if reason else "")
+    assert (said in err) and (bool(said) == bool(err)), err
 
 
 def test_plan_help_documents_its_exit_statuses() -> None:

@@ -189,7 +189,7 @@ def test_a_free_text_task_over_topics_is_planned_on_the_embedded_vllm_engine(
     heard = Heard(topic_link.node, "free")
     with server_node(session[1], session[0], engine="vllm", model="tiny", kv_cache_gib=0.25):
         assert topic_link.wait_for_server()
-        outcome = topic_robots("free").request("find the cat", max_new_tokens=24).wait(VLLM_RESULT_TIMEOUT_S)
+        outcome = topic_robots("free").request("find the cat", max_new_tokens=96).wait(VLLM_RESULT_TIMEOUT_S)
     assert outcome.status == "succeeded", outcome.result.reason
     assert outcome.result.plan == "".join(s.text for s in outcome.segments) and outcome.segments[-1].final
     assert len(heard.segments) == outcome.result.num_segments and len(heard.results) == 1

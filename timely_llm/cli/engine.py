@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from timely_llm.cli.common import (
     DEFAULT_HW,
@@ -22,6 +23,9 @@ from timely_llm.cli.common import (
 )
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL, MODEL_NAMES
+
+if TYPE_CHECKING:
+    from timely_llm.planning import GeneratedPlan
 
 MIN_PROFILE_MODEL_LEN = 128
 
@@ -86,18 +90,27 @@ def _plan(args: argparse.Namespace) -> int:
                                  on_segment=lambda s: s.text and print(f"segment {s.index}: {s.text}", file=out))
         finally:
             engine.close()
-    if plan.stopped_at_token_cap:
-        print(f"the plan stopped at its token cap ({args.max_new_tokens} tokens; --max-new-tokens raises it): "
+    try:
+        return _report(plan, args.json, out)
+    finally:
+        out.close()
+
+
+def _report(plan: GeneratedPlan, as_json: bool, out: TextIO) -> int:
+    """How the plan ended, on ``out`` (why it failed, its JSON line) and stderr (a cap that cut a plan); the exit
+    status. A plan with no statement failed, whatever stopped it: the node aborts one, naming its token budget."""
+    cut = plan.status == "succeeded" and plan.stopped_at_token_cap
+    if cut:
+        print(f"the plan stopped at its token cap ({plan.max_new_tokens} tokens; --max-new-tokens raises it): "
               f"the model had not ended it, so it may stop short of the task (exit status {PLAN_AT_TOKEN_CAP})",
               file=sys.stderr)
     if plan.reason:
         print(f"{plan.status}: {plan.reason}", file=out)
-    if args.json:
+    if as_json:
         print(json.dumps(plan.to_json()), file=out)
-    out.close()
     if plan.status != "succeeded":
         return 1
-    return PLAN_AT_TOKEN_CAP if plan.stopped_at_token_cap else 0
+    return PLAN_AT_TOKEN_CAP if cut else 0
 
 
 @contextlib.contextmanager
