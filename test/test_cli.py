@@ -227,11 +227,31 @@ def test_an_unknown_workload_name_lists_the_peer_ones_too(capsys: pytest.Capture
     assert_one_line_error(code, err, "--workload", "burstyy", "WID1", "bursty", "capped")
 
 
-def test_fidelity_refuses_categories_it_cannot_keep(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = run(["fidelity", "--only", "urgentt"], capsys)
+@pytest.mark.parametrize("command", [["fidelity"], ["bench", "--policy", "timelyllm", "--out", "/tmp/never.json"]])
+def test_fidelity_and_bench_refuse_categories_they_cannot_keep(command: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run([*command, "--workload", "bursty", "--only", "urgentt"], capsys)
     assert_one_line_error(code, err, "--only", "urgentt")
-    code, err = run(["fidelity", "--workload", "bursty", "--only", "arm"], capsys)  # drones only: no arm request
-    assert_one_line_error(code, err, "--only", "no request of peer-bursty (arm only) is of arm")
+    code, err = run([*command, "--workload", "bursty", "--only", "arm"], capsys)  # drones only: no arm request
+    assert_one_line_error(code, err, "--only", "no request of peer-bursty is of arm")
+
+
+def test_bench_only_urgent_replays_the_urgent_requests_at_their_own_arrivals(tmp_path: Path) -> None:
+    from timely_llm.traces import load_catalog
+    from timely_llm_bench.workloads.peer import PEER_WORKLOADS, generate_peer
+
+    catalog = load_catalog()
+    whole = generate_peer(PEER_WORKLOADS["bursty"], catalog, seed=2)
+    urgent = [r for r in whole.requests if catalog[r.trace].category == "urgent"]
+    assert 0 < len(urgent) < len(whole.requests)
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", "bursty", "--seed", "2", "--policy", "timelyllm", "--max-batch", "8",
+                 "--only", "urgent", "--out", str(out)]) == 0
+    records = json.loads(out.read_text())["requests"]
+    assert [r["id"] for r in records] == [r.id for r in urgent]
+    assert {r["category"] for r in records} == {"urgent"} and {r["status"] for r in records} == {"succeeded"}
+    gaps = [round(r["arrival"] - records[0]["arrival"], 6) for r in records]  # the harness starts its clock earlier
+    assert gaps == [round(r.arrival - urgent[0].arrival, 6) for r in urgent]
 
 
 def test_progress_prints_done_over_total_periodically(capsys: pytest.CaptureFixture[str]) -> None:

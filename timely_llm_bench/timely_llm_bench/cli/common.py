@@ -9,9 +9,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from timely_llm.core.features import Features
 from timely_llm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from timely_llm.traces import TraceCatalog
+    from timely_llm_bench.workloads.generator import Workload
 
 PROGRESS_PERIOD_S = 10.0
 
@@ -31,6 +36,26 @@ def workloads_help() -> str:
 
     return (f"{', '.join(BUILTIN)}, a peer workload ({', '.join(PEER_WORKLOADS)}: docs/peer-benchmark.md) "
             "or a workload JSON file")
+
+
+def _add_only(p: argparse.ArgumentParser) -> None:
+    """``--only CATEGORY...``, where a command replays a workload: ``_of_categories`` cuts it."""
+    from timely_llm.traces import CATEGORIES
+
+    p.add_argument("--only", nargs="+", default=None, choices=CATEGORIES, metavar="CATEGORY",
+                   help=f"only the requests of these categories ({', '.join(CATEGORIES)}), at their own arrivals: "
+                        "with --only urgent, what urgent robots get with nothing else to serve, the most any "
+                        "policy can give them")
+
+
+def _of_categories(workload: Workload, catalog: TraceCatalog, only: list[str] | None) -> Workload:
+    """``workload`` cut to ``--only``'s categories (all of it without)."""
+    if not only:
+        return workload
+    cut = workload.of_categories(only, catalog)
+    if not cut.requests:
+        raise ConfigError("--only", None, f"no request of {workload.name} is of {', '.join(only)}")
+    return cut
 
 
 def _load_inputs(args: argparse.Namespace):  # noqa: ANN202 - tuple of loaded inputs

@@ -26,10 +26,11 @@ from timely_llm.core.policies import ENGINE_FCFS, POLICIES, TIMELYLLM, VLLM_STRE
 from timely_llm.engines.registry import REMOTE_ENGINE, VLLM_ENGINE
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
-from timely_llm.traces import CATEGORIES as TRACE_CATEGORIES
 from timely_llm_bench.cli.common import (
     BURSTY_MAX_BATCH,
+    _add_only,
     _load_inputs,
+    _of_categories,
     _read_json,
     workloads_help,
 )
@@ -174,10 +175,7 @@ def _add_fidelity(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=_positive_int, default=1,
                    help="rounds on the real engine, every other one in reverse policy order (default 1)")
     p.add_argument("--first", type=_positive_int, default=None, metavar="N", help="only the first N requests")
-    p.add_argument("--only", nargs="+", default=None, choices=TRACE_CATEGORIES, metavar="CATEGORY",
-                   help=f"only the requests of these categories ({', '.join(TRACE_CATEGORIES)}), at their own "
-                        "arrivals: with --only urgent, what urgent robots get with nothing else to serve, the most "
-                        "any policy can give them on this machine")
+    _add_only(p)
     p.add_argument("--seed", type=_nonneg_int, default=0, help="workload and robot seed (default 0)")
     p.add_argument("--out", type=_out_file, default=None, help="write every run (records, step logs) as JSON")
     p.add_argument("--url", default=None,
@@ -231,11 +229,7 @@ def _fidelity_inputs(args: argparse.Namespace) -> tuple[dict[str, SkillModel], T
     skills, catalog, workload = _load_inputs(argparse.Namespace(**{**vars(args), "skill_models": None}))
     if args.first:
         workload = dataclasses.replace(workload, requests=workload.requests[:args.first])
-    if args.only:
-        workload = workload.of_categories(args.only, catalog)
-        if not workload.requests:
-            raise ConfigError("--only", None, f"no request of {workload.name} is of {', '.join(args.only)}")
-    return skills, catalog, workload
+    return skills, catalog, _of_categories(workload, catalog, args.only)
 
 
 def _remote_fidelity(args: argparse.Namespace, profile: HardwareProfile,

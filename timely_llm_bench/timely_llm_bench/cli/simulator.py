@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from timely_llm.cli.common import (
     DEFAULT_HW,
@@ -28,12 +29,18 @@ from timely_llm.engines.registry import ENGINES, REMOTE_ENGINE, SIM_ENGINE, VLLM
 from timely_llm.errors import ConfigError
 from timely_llm.models import DEFAULT_MODEL
 from timely_llm_bench.cli.common import (
+    _add_only,
     _features,
     _load_inputs,
+    _of_categories,
     _print_summary,
     workloads_help,
 )
 
+if TYPE_CHECKING:
+    from timely_llm.plan.skills import SkillModel
+    from timely_llm.traces import TraceCatalog
+    from timely_llm_bench.workloads.generator import Workload
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from timely_llm.serving import DEFAULT_MAX_BATCH
@@ -70,6 +77,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="every request's overrun strategy (TimeBill): what becomes of a segment that overran its "
                         "deadline; default: each request's own (workload files: field overrun; else none)")
     p.add_argument("--suspend-in-place", action="store_true", help=SUSPEND_IN_PLACE_HELP)
+    _add_only(p)
     p.add_argument("--out", required=True, type=_out_file, help="result JSON file to write")
     _add_vllm_arg(p)
     p.set_defaults(run=_bench)
@@ -99,9 +107,7 @@ def _bench(args: argparse.Namespace) -> int:
     features = Features.parse(args.features)
     model = args.model or DEFAULT_MODEL
     step_model = estimator_profile(args.estimator_profile, args.engine == SIM_ENGINE.name, model, args.hw or DEFAULT_HW)
-    skills, catalog, workload = _load_inputs(args)
-    if args.overrun_strategy is not None:
-        workload = workload.with_overrun(args.overrun_strategy)
+    skills, catalog, workload = _bench_inputs(args)
     if args.engine == VLLM_ENGINE.name:
         source = f"the step-time profile of {model} (write one: timely-llm profile --model {model} --out F)"
         try:  # refused here if need be, before the engine starts (minutes)
@@ -120,6 +126,15 @@ def _bench(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_summary(result)
     return 0
+
+
+def _bench_inputs(args: argparse.Namespace) -> tuple[dict[str, SkillModel], TraceCatalog, Workload]:
+    """The robots, the catalog and the workload, cut to ``--only``'s categories, with ``--overrun-strategy``."""
+    skills, catalog, workload = _load_inputs(args)
+    workload = _of_categories(workload, catalog, args.only)
+    if args.overrun_strategy is not None:
+        workload = workload.with_overrun(args.overrun_strategy)
+    return skills, catalog, workload
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
