@@ -210,7 +210,6 @@ def _executed(report: SegmentDone, dispatched: Instant, now: Instant) -> Execute
     return Executed(dispatched, duration, ended)
 
 
-
 def _slack(dispatched: Instant, now: Instant) -> float:
     """``REPORT_SLACK_S`` at the node clock's speed since the dispatch, never less: a slower, paused or unmeasurable
     clock keeps the wall slack."""

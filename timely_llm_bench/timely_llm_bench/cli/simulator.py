@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from timely_llm.traces import TraceCatalog
     from timely_llm_bench.workloads.generator import Workload
 
+
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from timely_llm.serving import DEFAULT_MAX_BATCH
     from timely_llm_bench.evaluation.harness import BENCH_POLICIES
