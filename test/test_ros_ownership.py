@@ -123,8 +123,9 @@ def test_failure_reports_for_a_victim_on_every_topic_but_its_own_change_nothing(
         own = f"/{report_topic('victim')}"
         expected = {"/bystander/segment_done", "/topic_bystander/segment_done", "/topic_bystander/cancel",
                     "/task_requests"}
-        wait_until(lambda: expected <= {n for n, _ in _server_subscriptions(other_node)},
-                   RESULT_TIMEOUT_S, "the node's subscriptions discovered")
+        wait_until(lambda: expected <= {n for n, _ in _server_subscriptions(other_node)}, RESULT_TIMEOUT_S,
+                   lambda: f"the node's subscriptions discovered: {sorted(expected)} not all in "
+                           f"{sorted(n for n, _ in _server_subscriptions(other_node))}")
         request_id = victim.segments[0].request_id
         spoofed = []
         for name, types in _server_subscriptions(other_node):
