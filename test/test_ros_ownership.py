@@ -37,6 +37,10 @@ pytestmark = pytest.mark.ros
 RESULT_TIMEOUT_S = 60.0
 CATALOG = load_catalog()
 SERVER = "timely_llm_server"
+GRAPH_WAIT_S = 10.0
+SEGMENT_DONE_TYPE = "timely_llm_interfaces/msg/SegmentDone"
+STRING_TYPE = "std_msgs/msg/String"
+TASK_REQUEST_TYPE = "timely_llm_interfaces/msg/TaskRequest"
 
 
 def ask(robot: RobotClient, trace_id: int) -> TaskOutcome:
@@ -121,20 +125,17 @@ def test_failure_reports_for_a_victim_on_every_topic_but_its_own_change_nothing(
         bystanders = [ask(robots("bystander", report=False), 7), ask(topic_robots("topic_bystander"), 8)]
         wait_until(lambda: victim.segments and all(b.segments for b in bystanders), RESULT_TIMEOUT_S, "segments")
         own = f"/{report_topic('victim')}"
-        expected = {"/bystander/segment_done", "/topic_bystander/segment_done", "/topic_bystander/cancel",
-                    "/task_requests"}
-        wait_until(lambda: expected <= {n for n, _ in _server_subscriptions(other_node)}, RESULT_TIMEOUT_S,
-                   lambda: f"the node's subscriptions discovered: {sorted(expected)} not all in "
-                           f"{sorted(n for n, _ in _server_subscriptions(other_node))}")
+        expected = {"/bystander/segment_done": SEGMENT_DONE_TYPE, "/topic_bystander/segment_done": SEGMENT_DONE_TYPE,
+                    "/topic_bystander/cancel": STRING_TYPE, "/task_requests": TASK_REQUEST_TYPE}
         request_id = victim.segments[0].request_id
         spoofed = []
-        for name, types in _server_subscriptions(other_node):
+        for name, types in _subscriptions_to_spoof(other_node, expected).items():
             if name == own:
                 continue
-            if "timely_llm_interfaces/msg/SegmentDone" in types:
+            if SEGMENT_DONE_TYPE in types:
                 message, kind = SegmentDone(agent_id="victim", request_id=request_id, index=0,
                                             duration=duration_msg(0.001), success=False, reason="spoofed"), SegmentDone
-            elif "std_msgs/msg/String" in types:
+            elif STRING_TYPE in types:
                 message, kind = String(data=request_id), String
             else:
                 continue  # task_requests: a request under the victim's id, test_a_duplicate_task_request...
@@ -142,7 +143,7 @@ def test_failure_reports_for_a_victim_on_every_topic_but_its_own_change_nothing(
             wait_until(publisher.get_subscription_count, RESULT_TIMEOUT_S, f"{name} matched")
             publisher.publish(message)
             spoofed.append(name)
-        assert expected - {"/task_requests"} <= set(spoofed)
+        assert expected.keys() - {"/task_requests"} <= set(spoofed)
         wait_until(lambda: "it names agent 'victim'" in server_log(), RESULT_TIMEOUT_S, "a spoof refused")
         assert not victim.finished.done()
         report_all(victim_robot, victim)
@@ -324,6 +325,18 @@ def test_the_throttle_counts_per_client_and_forgets_the_least_recent_past_its_bo
     log.warn("c", "bad c")  # a third client: "b", heard least recently, is forgotten
     log.warn("b", "bad b")
     assert lines == ["bad a", "bad b", "bad a (2 more from 'a' suppressed since its last line)", "bad c", "bad b"]
+
+
+def _subscriptions_to_spoof(node: Node, expected: dict[str, str]) -> dict[str, list[str]]:
+    """Every subscription of the server the graph shows once it shows ``expected`` (name -> type), or after
+    GRAPH_WAIT_S, and ``expected`` by name. rmw_fastrtps's graph cache can miss an entity for good (ros2/rmw_fastrtps
+    issue 792; CI once waited 60 s here for one), while a publisher on the name still matches it in DDS."""
+    shown: dict[str, list[str]] = {}
+    deadline = time.monotonic() + GRAPH_WAIT_S
+    while time.monotonic() < deadline and not expected.keys() <= shown.keys():
+        shown = dict(_server_subscriptions(node))
+        time.sleep(0.05)
+    return {name: [kind] for name, kind in expected.items()} | shown
 
 
 def _server_subscriptions(node: Node) -> list[tuple[str, list[str]]]:
