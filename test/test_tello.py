@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from djitellopy import Tello
 
+from timely_llm_bench.cli.ros import MAX_ROS_DOMAIN_ID
 from timely_llm_bench.robots.tello_sim import (
     DroneState,
     TelloSimulator,
@@ -161,7 +162,7 @@ def test_a_free_port_for_a_drone_client_is_never_one_of_the_ros_domains_dds_port
     """On a domain whose DDS ports lie among the ports the kernel hands out, 2000 draws meet about 18 of them
     without the check (CI once read a discovery packet as a takeoff's answer)."""
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    domain = next(d for d in range(233) if dds_ports(d).start >= low)
+    domain = next(d for d in range(MAX_ROS_DOMAIN_ID + 1) if dds_ports(d).start >= low)
     blocked = dds_ports(domain)
     assert blocked.stop <= high + 1
     drawn = {free_udp_port(domain) for _ in range(2000)}
