@@ -17,9 +17,10 @@ from guards import wait_until
 from rclpy.node import Node, NodeNameNonExistentError
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock
+from spun_nodes import Heard
 from std_msgs.msg import String
-from timely_llm_interfaces.names import agent_topics, report_topic
-from timely_llm_interfaces.qos import AGENT_QOS, DEEP_RELIABLE
+from timely_llm_interfaces.names import report_topic
+from timely_llm_interfaces.qos import DEEP_RELIABLE
 
 from timely_llm.ros import agents, throttle
 from timely_llm.ros.interfaces import PlanResult, SegmentDone, TaskRequest
@@ -148,17 +149,6 @@ def test_failure_reports_for_a_victim_on_every_topic_but_its_own_change_nothing(
         assert not victim.finished.done()
         report_all(victim_robot, victim)
         assert victim.wait(RESULT_TIMEOUT_S).status == "succeeded", victim.result.reason
-
-
-class Heard:
-    """Every message on an agent's segments and plan_result topics, whoever sent it."""
-
-    def __init__(self, node: Node, agent: str) -> None:
-        self.segments: list[SegmentMsg] = []
-        self.results: list[PlanResult] = []
-        segments, results = agent_topics(agent)
-        node.create_subscription(SegmentMsg, segments, self.segments.append, AGENT_QOS)
-        node.create_subscription(PlanResult, results, self.results.append, AGENT_QOS)
 
 
 def test_a_duplicate_task_request_reusing_a_live_id_leaves_the_victims_plan_and_topics_alone(

@@ -12,13 +12,12 @@ from guards import wait_until
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from timely_llm_interfaces.names import agent_id_error, agent_topics
-from timely_llm_interfaces.qos import AGENT_QOS
+from spun_nodes import Heard
+from timely_llm_interfaces.names import agent_id_error
 
 from timely_llm.plan.robot_file import load_skill_models
 from timely_llm.ros import agents as agent_endpoints
 from timely_llm.ros.interfaces import PlanResult, TaskRequest
-from timely_llm.ros.interfaces import Segment as SegmentMsg
 from timely_llm.ros.messages import duration_seconds, optional_seconds
 from timely_llm.ros.node import TimelyLlmNode
 from timely_llm.traces import load_catalog
@@ -34,17 +33,6 @@ RESULT_TIMEOUT_S = 60.0
 VLLM_RESULT_TIMEOUT_S = 300.0
 CATALOG = load_catalog()
 SKILLS = load_skill_models()
-
-
-class Heard:
-    """Every message arriving on an agent's two topics, whoever it is for."""
-
-    def __init__(self, node: Node, agent: str) -> None:
-        self.segments: list[SegmentMsg] = []
-        self.results: list[PlanResult] = []
-        segments, results = agent_topics(agent)
-        node.create_subscription(SegmentMsg, segments, self.segments.append, AGENT_QOS)
-        node.create_subscription(PlanResult, results, self.results.append, AGENT_QOS)
 
 
 def ask(robot: RobotClient, trace_id: int) -> TaskOutcome:

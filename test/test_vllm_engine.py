@@ -106,6 +106,43 @@ def start_then_suspend(engine: VllmEngine, spec: GenerationSpec, tokens: int) ->
     return output
 
 
+@dataclass
+class Overflow:
+    """What vLLM did when its batch cap of generations outgrew the KV cache."""
+
+    preempted: list[str]
+    """The generations it preempted, in order (one may be preempted more than once)."""
+    recomputed_tokens: int
+    prompt_tokens: int
+    """Each generation's prompt: it held at least these tokens when it was preempted."""
+
+
+def outgrow_the_cache(engine: VllmEngine, context_tokens: int) -> Overflow:
+    """Force ``engine.max_batch`` generations to ``context_tokens`` tokens each, more than the cache holds for all of
+    them, so that vLLM preempts some and recomputes them later; every one ends and is released."""
+    prompt = engine.tokenizer.encode("Plan for the drone: find a cat, go to it and take a picture.")
+    plan = engine.tokenizer.encode(PLAN * 40)[1:][: context_tokens - len(prompt)]  # forced: no early EOS
+    count = engine.max_batch
+    assert count * engine.blocks_for(len(prompt) + len(plan)) > engine.free_kv_blocks()
+    for i in range(count):
+        engine.start(GenerationSpec(f"grow{i}", [10 + i, *prompt[1:]], max_new_tokens=len(plan) + 1,
+                                    forced_ids=plan))
+    overflow = Overflow([], 0, len(prompt))
+    finished: set[str] = set()
+    guard = bounded()
+    while len(finished) < count:
+        next(guard)
+        out = engine.step()
+        assert not out.failed, out.failed
+        overflow.preempted += out.preempted
+        overflow.recomputed_tokens += out.recomputed_tokens
+        finished |= set(out.finished)
+    for gen_id in finished:
+        engine.release(gen_id)
+    assert overflow.preempted and set(overflow.preempted) <= {f"grow{i}" for i in range(count)}
+    return overflow
+
+
 def vllm_request(engine: VllmEngine, gen_id: str) -> Any:
     """vLLM's own request object behind ``gen_id``'s live request."""
     request = engine._requests.live_request(gen_id)

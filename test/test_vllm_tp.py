@@ -12,15 +12,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from guards import bounded
-from test_vllm_engine import corpus_prompt, drive
+from test_vllm_engine import corpus_prompt, drive, outgrow_the_cache
 
 from timely_llm.engines.base import GenerationSpec
 from timely_llm.engines.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.vllm
-
-PLAN = "s('cat');?iv('cat')==True{g('cat');tp};tc(90);mf(100);"
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +48,5 @@ def test_segmented_equals_straight_and_resumes_in_place(engine: VllmEngine) -> N
 
 
 def test_vllm_recompute_preemptions_are_reported(engine: VllmEngine) -> None:
-    prompt = engine.tokenizer.encode("Plan for the drone: find a cat, go to it and take a picture.")
-    plan = engine.tokenizer.encode(PLAN * 40)[1:][: 700 - len(prompt)]  # forced: no early EOS
-    count = engine.max_batch
-    assert count * engine.blocks_for(len(prompt) + len(plan)) > engine.free_kv_blocks()
-    for i in range(count):
-        engine.start(GenerationSpec(f"grow{i}", [10 + i, *prompt[1:]], max_new_tokens=len(plan) + 1,
-                                    forced_ids=plan))
-    preempted: list[str] = []
-    finished: set[str] = set()
-    guard = bounded()
-    while len(finished) < count:
-        next(guard)
-        out = engine.step()
-        assert not out.failed, out.failed
-        preempted += out.preempted
-        finished |= set(out.finished)
-    for gen_id in finished:
-        engine.release(gen_id)
-    assert preempted and set(preempted) <= {f"grow{i}" for i in range(count)}
+    overflow = outgrow_the_cache(engine, 700)  # the workers' 2 MiB cache outgrown: vLLM preempts and recomputes
+    assert overflow.recomputed_tokens >= len(overflow.preempted) * overflow.prompt_tokens
