@@ -152,10 +152,6 @@ def star(inner: Regex) -> Regex:
     return repeat(inner, 0, INF)
 
 
-def plus(inner: Regex) -> Regex:
-    return repeat(inner, 1, INF)
-
-
 # ----- language operations -----
 
 @cache

@@ -143,10 +143,6 @@ class Fleet:
             return f"agent {agent!r} is not in the fleet file"
         return entry.type_error(agent, robot_type)
 
-    def is_named(self, agent: str) -> bool:
-        """The fleet file names this agent id itself (not through a pattern): its endpoints come first."""
-        return agent in self._exact
-
     @property
     def named(self) -> list[str]:
         return sorted(self._exact)
