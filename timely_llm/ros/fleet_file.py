@@ -116,11 +116,10 @@ class FleetEntry:
 
 @dataclass(frozen=True)
 class Fleet:
-    """The robots a node serves; ``declared``: from a fleet file (else every agent, ``open_fleet``)."""
+    """The robots a node serves: those of a fleet file (``source``), or every agent (``open_fleet``, no source)."""
 
     entries: tuple[FleetEntry, ...]
     classes: dict[str, PriorityClass]
-    declared: bool
     source: str = ""
     _exact: dict[str, FleetEntry] = field(init=False, repr=False, compare=False)
     _patterns: tuple[FleetEntry, ...] = field(init=False, repr=False, compare=False)
@@ -158,7 +157,7 @@ class Fleet:
 
 def open_fleet(quotas: Quotas = DEFAULT_QUOTAS) -> Fleet:
     """No fleet file: every agent, any robot type, class ``urgent``, ``quotas``."""
-    return Fleet((FleetEntry("*", None, DEFAULT_CLASSES[OPEN_CLASS], quotas),), dict(DEFAULT_CLASSES), False)
+    return Fleet((FleetEntry("*", None, DEFAULT_CLASSES[OPEN_CLASS], quotas),), dict(DEFAULT_CLASSES))
 
 
 def load_fleet(path: str) -> Fleet:
@@ -176,7 +175,7 @@ def load_fleet(path: str) -> Fleet:
         if entry.pattern in seen:
             raise ConfigError(path, f"robots[{i}].id", f"{entry.pattern!r} is listed twice")
         seen.add(entry.pattern)
-    return Fleet(entries, classes, True, path)
+    return Fleet(entries, classes, path)
 
 
 def _classes(raw: object, source: str) -> dict[str, PriorityClass]:
